@@ -1,0 +1,77 @@
+"""Trainer actor: owns the trainable policy, takes GRPO steps and publishes weight versions."""
+
+from __future__ import annotations
+
+import functools
+import os
+import time
+
+import torch
+from monarch.actor import Actor, endpoint
+from transformers import AutoModelForCausalLM
+
+from forge_nb.actors import setup_proc
+from forge_nb.config import AlgorithmConfig
+from forge_nb.rl.batch import collate, token_logprobs
+from forge_nb.rl.losses import grpo_loss
+from forge_nb.rl.train_step import policy_step
+from forge_nb.weights.manifest import WeightManifest, checksum
+from forge_nb.weights.publish import WeightPublisher
+
+
+class Trainer(Actor):
+    """Holds the model and AdamW state. `version` counts optimizer steps taken (0 = as loaded)."""
+
+    def __init__(
+        self, model_dir: str, dtype: str, threads: int, algorithm: AlgorithmConfig, pad_id: int, temperature: float
+    ) -> None:
+        setup_proc(threads)
+        torch.manual_seed(0)
+        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype))
+        self.algorithm = algorithm
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=algorithm.lr, weight_decay=0.0)
+        self.loss_fn = functools.partial(grpo_loss, clip_eps=algorithm.clip_eps, token_level=algorithm.token_level)
+        self.pad_id, self.temperature = pad_id, temperature
+        self.publisher = WeightPublisher(self.model.named_parameters())
+        self.version = 0
+
+    @endpoint
+    def train_step(
+        self,
+        prompt_ids: list[list[int]],
+        completion_ids: list[list[int]],
+        logprobs: list[list[float]],
+        advantages: list[float],
+    ) -> dict[str, float]:
+        """One optimizer step on a batch of B sequences -> metrics; the policy version goes up by one."""
+        start = time.perf_counter()
+        batch = collate(prompt_ids, completion_ids, self.pad_id, logprobs, advantages)
+        metrics = policy_step(
+            self.model, self.optimizer, batch, self.loss_fn, self.temperature, self.algorithm.max_grad_norm
+        )
+        self.version += 1
+        return {**metrics, "policy_version": self.version, "train_seconds": time.perf_counter() - start}
+
+    @endpoint
+    def publish(self) -> WeightManifest:
+        """Snapshot the current weights as `version` and hand out the RDMA handle to them."""
+        return self.publisher.publish(self.model.named_parameters(), self.version)
+
+    @endpoint
+    def logprobs(self, prompt_ids: list[list[int]], completion_ids: list[list[int]]) -> list[list[float]]:
+        """Recompute the completions' token logprobs under the current weights (no grad)."""
+        batch = collate(prompt_ids, completion_ids, self.pad_id)
+        self.model.eval()
+        with torch.no_grad():
+            lp = token_logprobs(self.model, batch, self.temperature)
+        return [
+            lp[i, len(p) - 1 : len(p) - 1 + len(c)].tolist() for i, (p, c) in enumerate(zip(prompt_ids, completion_ids))
+        ]
+
+    @endpoint
+    def checksum(self) -> tuple[int, str]:
+        return self.version, checksum(self.model.named_parameters())
+
+    @endpoint
+    def pid(self) -> int:
+        return os.getpid()

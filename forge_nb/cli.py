@@ -1,0 +1,98 @@
+"""`forge-nb` command line: `demo` runs the default session; `bench NAME` runs benchmarks/NAME.py."""
+
+from __future__ import annotations
+
+import argparse
+import runpy
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+
+from forge_nb.config import Config, ConfigError
+
+DEMO_COLUMNS = ["policy_version", "mean_reward", "accuracy", "tokens_per_s", "generate_s", "score_s", "train_s",
+                "refresh_s", "refresh_gbps", "step_s"]  # fmt: skip
+
+
+def demo(minutes: float, steps: int | None, every: int, config: Config) -> pd.DataFrame:
+    """Run the session for `minutes` (or exactly `steps`), print a table row per `every` steps and
+    held-out accuracy before and after. Returns the per-step DataFrame."""
+    from forge_nb.session import Session
+
+    started = time.perf_counter()
+    with Session.up(config) as session:
+        print(f"mesh up in {time.perf_counter() - started:.1f} s: {session.pids}")
+        before = session.evaluate()["heldout_accuracy"]
+        print(f"held-out accuracy before: {before:.3f}")
+        frames, deadline = [], time.perf_counter() + minutes * 60
+        while (steps is None and time.perf_counter() < deadline) or (steps is not None and session.step_count < steps):
+            chunk = session.step(every if steps is None else min(every, steps - session.step_count))
+            frames.append(chunk)
+            _print_rows(chunk, header=len(frames) == 1)
+        after = session.evaluate()["heldout_accuracy"]
+    table = pd.concat(frames)
+    first, last = table.head(every), table.tail(every)
+    print(f"held-out accuracy after:  {after:.3f}  (before {before:.3f})")
+    print(f"mean reward, first {len(first)} steps: {first.mean_reward.mean():.3f}; "
+          f"last {len(last)} steps: {last.mean_reward.mean():.3f}")  # fmt: skip
+    return table
+
+
+def _print_rows(chunk: pd.DataFrame, header: bool) -> None:
+    """One line per chunk of steps: the mean over the chunk, the last step's version."""
+    row = chunk[DEMO_COLUMNS].mean().to_frame().T
+    row["policy_version"] = chunk.policy_version.iloc[-1]
+    row.index = [f"{chunk.index[0]}-{chunk.index[-1]}"]
+    text = row.to_string(float_format=lambda v: f"{v:.3f}", header=header)
+    print(text, flush=True)
+
+
+def bench(name: str, args: list[str]) -> None:
+    script = Path(__file__).resolve().parent.parent / "benchmarks" / f"{name}.py"
+    if not script.is_file():
+        known = sorted(p.stem for p in script.parent.glob("*.py")) if script.parent.is_dir() else []
+        raise SystemExit(f"forge-nb bench: no benchmark {name!r}; known: {known}")
+    sys.argv = [str(script), *args]
+    runpy.run_path(str(script), run_name="__main__")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="forge-nb", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    d = sub.add_parser("demo", help="run the default session on the local mesh and print a per-step table")
+    d.add_argument("--minutes", type=float, default=3.0, help="time budget (default 3)")
+    d.add_argument("--steps", type=int, default=None, help="run exactly this many steps instead")
+    d.add_argument("--every", type=int, default=25, help="print one row per this many steps")
+    d.add_argument("--config", type=Path, default=None, help="YAML config file")
+    d.add_argument("--set", nargs="*", default=[], metavar="FIELD=VALUE", help="override fields, e.g. lr=1e-4")
+    b = sub.add_parser("bench", help="run benchmarks/NAME.py")
+    b.add_argument("name")
+    b.add_argument("args", nargs=argparse.REMAINDER)
+    args = parser.parse_args(argv)
+    if args.command == "bench":
+        return bench(args.name, args.args)
+    try:
+        config = (Config.from_yaml(args.config) if args.config else Config()).updated(_overrides(args.set))
+    except ConfigError as e:
+        raise SystemExit(f"forge-nb: {e}") from None
+    pd.set_option("display.width", 200)
+    demo(args.minutes, args.steps, args.every, config)
+
+
+def _overrides(pairs: list[str]) -> dict:
+    """["lr=1e-4", "group_size=4"] -> {"lr": 0.0001, "group_size": 4} (values parsed as YAML scalars)."""
+    import yaml
+
+    out = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep:
+            raise SystemExit(f"forge-nb: --set takes FIELD=VALUE, got {pair!r}")
+        out[key] = yaml.safe_load(value)
+    return out
+
+
+if __name__ == "__main__":
+    main()

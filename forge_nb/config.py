@@ -1,0 +1,191 @@
+"""Configuration as data: dataclasses with defaults that run, filled from kwargs, dicts or YAML.
+
+Every field can be given by its section (``algorithm={"lr": 1e-4}``), by a dotted name
+(``{"algorithm.lr": 1e-4}``) or, when the name is unique, bare (``lr=1e-4``). Unknown names and
+invalid values raise `ConfigError` naming the field.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+BUNDLED_MODEL = Path(__file__).parent / "models" / "bundled"
+
+
+class ConfigError(ValueError):
+    """A configuration value that cannot be used; the message names the field."""
+
+
+@dataclass
+class ModelConfig:
+    path: str = "bundled"  # "bundled" or any HF causal-LM directory (config.json, safetensors, tokenizer)
+    dtype: str = "float32"  # training and serving dtype
+
+    def resolved_path(self) -> Path:
+        return BUNDLED_MODEL if self.path == "bundled" else Path(self.path).expanduser()
+
+    def validate(self) -> None:
+        path = self.resolved_path()
+        if not path.is_dir():
+            raise ConfigError(f"model.path: directory {str(path)!r} does not exist")
+        if not (path / "config.json").is_file():
+            raise ConfigError(f"model.path: {str(path)!r} has no config.json; expected a Hugging Face model directory")
+        _choice("model.dtype", self.dtype, ("float32", "bfloat16", "float16"))
+
+
+@dataclass
+class TaskConfig:
+    name: str = "addition"
+    max_digits: int = 2
+    eval_size: int = 200
+
+    def validate(self) -> None:
+        _at_least("task.max_digits", self.max_digits, 1)
+        _at_least("task.eval_size", self.eval_size, 1)
+
+
+@dataclass
+class EngineConfig:
+    name: str = "torch"  # generation backend
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_tokens: int = 6  # generated tokens per completion, EOS included
+
+    def validate(self) -> None:
+        _choice("engine.name", self.name, ("torch",))
+        _at_least("engine.temperature", self.temperature, 0.0)
+        if not 0.0 < self.top_p <= 1.0:
+            raise ConfigError(f"engine.top_p must be in (0, 1], got {self.top_p}")
+        _at_least("engine.max_tokens", self.max_tokens, 1)
+
+
+@dataclass
+class MeshConfig:
+    kind: str = "local"
+    reward_procs: int = 1
+    threads_per_proc: int = 2  # torch intra-op threads in each actor proc (phases run one at a time)
+
+    def validate(self) -> None:
+        _choice("mesh.kind", self.kind, ("local",))
+        _at_least("mesh.reward_procs", self.reward_procs, 1)
+        _at_least("mesh.threads_per_proc", self.threads_per_proc, 1)
+
+
+@dataclass
+class AlgorithmConfig:
+    prompts_per_step: int = 32
+    group_size: int = 8  # samples per prompt (G)
+    lr: float = 5e-4
+    clip_eps: float = 0.2
+    token_level: bool = False  # token-level loss normalisation instead of per-sequence
+    normalize_std: bool = True  # divide advantages by the group std
+    max_grad_norm: float = 1.0
+
+    def validate(self) -> None:
+        _at_least("algorithm.prompts_per_step", self.prompts_per_step, 1)
+        _at_least("algorithm.group_size", self.group_size, 2)
+        if not self.lr > 0:
+            raise ConfigError(f"algorithm.lr must be > 0, got {self.lr}")
+        _at_least("algorithm.clip_eps", self.clip_eps, 0.0)
+        if not self.max_grad_norm > 0:
+            raise ConfigError(f"algorithm.max_grad_norm must be > 0, got {self.max_grad_norm}")
+
+
+@dataclass
+class Config:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    task: TaskConfig = field(default_factory=TaskConfig)
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    mesh: MeshConfig = field(default_factory=MeshConfig)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    seed: int = 0
+
+    def validate(self) -> Config:
+        for section in _SECTIONS:
+            getattr(self, section).validate()
+        return self
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> Config:
+        return cls().updated(values)
+
+    @classmethod
+    def from_yaml(cls, path: str | Path) -> Config:
+        return cls.from_dict(yaml.safe_load(Path(path).read_text()) or {})
+
+    def updated(self, values: dict[str, Any]) -> Config:
+        """A copy with `values` applied (section dicts, dotted or unique bare names), validated."""
+        new = dataclasses.replace(self, **{s: dataclasses.replace(getattr(self, s)) for s in _SECTIONS})
+        for key, value in values.items():
+            if key in _SECTIONS and isinstance(value, dict):
+                for sub, v in value.items():
+                    _set(new, f"{key}.{sub}", v)
+            else:
+                _set(new, _qualify(key), value)
+        return new.validate()
+
+
+_SECTIONS = ("model", "task", "engine", "mesh", "algorithm")
+
+
+def _fields(section: str) -> dict[str, dataclasses.Field]:
+    return {f.name: f for f in dataclasses.fields(Config.__dataclass_fields__[section].default_factory)}
+
+
+def _all_names() -> list[str]:
+    return ["seed"] + [f"{s}.{f}" for s in _SECTIONS for f in _fields(s)]
+
+
+def _qualify(key: str) -> str:
+    """Bare field name -> "section.field" when exactly one section has it."""
+    if "." in key or key == "seed":
+        return key
+    owners = [s for s in _SECTIONS if key in _fields(s)]
+    if len(owners) == 1:
+        return f"{owners[0]}.{key}"
+    if len(owners) > 1:
+        raise ConfigError(f"{key!r} is ambiguous; say one of {[f'{s}.{key}' for s in owners]}")
+    return key
+
+
+def _set(config: Config, name: str, value: Any) -> None:
+    if name not in _all_names():
+        close = difflib.get_close_matches(name, _all_names(), n=3)
+        hint = f"; did you mean {' or '.join(close)}?" if close else f"; known fields: {', '.join(_all_names())}"
+        raise ConfigError(f"unknown config field {name!r}{hint}")
+    if name == "seed":
+        config.seed = _coerce(name, value, int)
+        return
+    section, sub = name.split(".")
+    expected = type(getattr(Config(), section).__getattribute__(sub))
+    setattr(getattr(config, section), sub, _coerce(name, value, expected))
+
+
+def _coerce(name: str, value: Any, expected: type) -> Any:
+    """Accept ints for floats (1 -> 1.0); reject everything else of the wrong type, bools included."""
+    if expected is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if isinstance(value, bool) and expected is not bool:
+        raise ConfigError(f"{name} must be {expected.__name__}, got bool {value!r}")
+    if not isinstance(value, expected):
+        raise ConfigError(f"{name} must be {expected.__name__}, got {type(value).__name__} {value!r}")
+    return value
+
+
+def _at_least(name: str, value: float, low: float) -> None:
+    if value < low:
+        raise ConfigError(f"{name} must be >= {low}, got {value}")
+
+
+def _choice(name: str, value: str, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise ConfigError(f"{name} must be one of {list(allowed)}, got {value!r}")

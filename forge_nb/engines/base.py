@@ -1,0 +1,55 @@
+"""The engine interface every generator backend implements.
+
+``generate(prompts, sampling) -> completions with logprobs`` and ``load_weights(named tensors)``.
+Logprobs are those of the *sampling* distribution: ``log_softmax(logits / temperature)`` at the
+sampled token (temperature 1 when decoding greedily), before top-p truncation, so the trainer can
+recompute them exactly from ``logits / temperature``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to sample. ``temperature == 0`` means greedy; `max_tokens` counts generated tokens."""
+
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_tokens: int = 8
+    seed: int | None = None
+
+
+@dataclass
+class Completion:
+    """One sampled continuation of one prompt.
+
+    `token_ids` are the generated ids (ending with EOS when `finish_reason == "stop"`);
+    `logprobs[i]` is the sampling logprob of `token_ids[i]`; `text` excludes special tokens.
+    """
+
+    prompt_ids: list[int]
+    token_ids: list[int]
+    logprobs: list[float]
+    text: str
+    finish_reason: str
+
+
+class Engine(Protocol):
+    def generate(self, prompts: list[str], sampling: SamplingParams) -> list[list[Completion]]:
+        """`sampling.n` completions for every prompt: result[i][j] is sample j of prompt i."""
+        ...
+
+    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Replace the served weights (HF parameter names) in place, without a restart."""
+        ...
+
+    def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """The weights being served now, under HF parameter names."""
+        ...

@@ -1,0 +1,121 @@
+"""Plain-PyTorch generation engine with a KV cache, over any HF causal LM directory.
+
+Prompts are left-padded into one batch, prefilled once, then decoded token by token reusing the
+model's key/value cache. It exists for tests, for the single-process baseline, and for machines
+where vLLM cannot start.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
+
+from forge_nb.engines.base import Completion, SamplingParams
+
+
+class TorchEngine:
+    """Serves `model` (an HF causal LM) with `tokenizer`; both loaded from `model_dir` by `load`."""
+
+    def __init__(self, model: PreTrainedModel, tokenizer) -> None:
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.eos_id: int = tokenizer.eos_token_id
+        self.pad_id: int = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_id
+        self._generator = torch.Generator()
+
+    @classmethod
+    def load(cls, model_dir: str | Path, dtype: torch.dtype = torch.float32) -> TorchEngine:
+        model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=dtype)
+        return cls(model, AutoTokenizer.from_pretrained(str(model_dir)))
+
+    def generate(self, prompts: list[str], sampling: SamplingParams) -> list[list[Completion]]:
+        if sampling.seed is not None:
+            self._generator.manual_seed(sampling.seed)
+        encoded = [self.tokenizer(p)["input_ids"] for p in prompts]
+        repeated = [ids for ids in encoded for _ in range(sampling.n)]
+        tokens, logprobs, finished = self._decode(repeated, sampling)
+        flat = [self._completion(p, t, lp, f) for p, t, lp, f in zip(repeated, tokens, logprobs, finished)]
+        return [flat[i * sampling.n : (i + 1) * sampling.n] for i in range(len(prompts))]
+
+    def _completion(self, prompt_ids: list[int], ids: list[int], lps: list[float], stopped: bool) -> Completion:
+        text = self.tokenizer.decode(ids, skip_special_tokens=True)
+        return Completion(prompt_ids, ids, lps, text, "stop" if stopped else "length")
+
+    @torch.inference_mode()
+    def _decode(
+        self, prompts: list[list[int]], sampling: SamplingParams
+    ) -> tuple[list[list[int]], list[list[float]], list[bool]]:
+        batch = len(prompts)
+        width = max(len(p) for p in prompts)
+        input_ids = torch.full((batch, width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((batch, width), dtype=torch.long)
+        for i, ids in enumerate(prompts):
+            input_ids[i, width - len(ids) :] = torch.tensor(ids)
+            mask[i, width - len(ids) :] = 1
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        out = self.model(input_ids=input_ids, attention_mask=mask, position_ids=positions, use_cache=True)
+        cache, logits = out.past_key_values, out.logits[:, -1]
+        next_pos = positions[:, -1:] + 1
+        done = torch.zeros(batch, dtype=torch.bool)
+        tokens: list[torch.Tensor] = []
+        logps: list[torch.Tensor] = []
+        alive: list[torch.Tensor] = []
+        for step in range(sampling.max_tokens):
+            token, logp = self._sample(logits, sampling)
+            token = torch.where(done, torch.full_like(token, self.pad_id), token)
+            tokens.append(token)
+            logps.append(logp)
+            alive.append(~done)
+            done = done | (token == self.eos_id)
+            if bool(done.all()) or step == sampling.max_tokens - 1:
+                break
+            mask = torch.cat([mask, torch.ones((batch, 1), dtype=torch.long)], dim=1)
+            out = self.model(
+                input_ids=token[:, None], attention_mask=mask, position_ids=next_pos,
+                past_key_values=cache, use_cache=True,
+            )  # fmt: skip
+            cache, logits, next_pos = out.past_key_values, out.logits[:, -1], next_pos + 1
+        return _unpad(torch.stack(tokens, 1), torch.stack(logps, 1), torch.stack(alive, 1), done)
+
+    def _sample(self, logits: torch.Tensor, sampling: SamplingParams) -> tuple[torch.Tensor, torch.Tensor]:
+        """logits [B, V] -> (token [B], logprob of token under logits / temperature [B])."""
+        logits = logits.float()
+        if sampling.temperature <= 0:
+            token = logits.argmax(-1)
+            return token, torch.log_softmax(logits, -1).gather(-1, token[:, None])[:, 0]
+        logp = torch.log_softmax(logits / sampling.temperature, -1)
+        probs = logp.exp()
+        if sampling.top_p < 1.0:
+            probs = _top_p_filter(probs, sampling.top_p)
+        token = torch.multinomial(probs, 1, generator=self._generator)[:, 0]
+        return token, logp.gather(-1, token[:, None])[:, 0]
+
+    @torch.no_grad()
+    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        params = dict(self.model.named_parameters())
+        for name, tensor in named_tensors:
+            params[name].copy_(tensor)
+
+    def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        yield from ((n, p.detach()) for n, p in self.model.named_parameters())
+
+
+def _top_p_filter(probs: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Zero the tail of each row of probs [B, V] beyond cumulative mass `top_p` (the top token stays)."""
+    sorted_p, order = probs.sort(-1, descending=True)
+    drop = sorted_p.cumsum(-1) - sorted_p > top_p
+    sorted_p = sorted_p.masked_fill(drop, 0.0)
+    return torch.zeros_like(probs).scatter(-1, order, sorted_p)
+
+
+def _unpad(
+    tokens: torch.Tensor, logps: torch.Tensor, alive: torch.Tensor, done: torch.Tensor
+) -> tuple[list[list[int]], list[list[float]], list[bool]]:
+    """[B, T] tensors -> per-row lists holding only the tokens generated while the row was alive."""
+    lengths = alive.sum(1).tolist()
+    ids = [row[:n] for row, n in zip(tokens.tolist(), lengths)]
+    lps = [row[:n] for row, n in zip(logps.tolist(), lengths)]
+    return ids, lps, done.tolist()

@@ -1,0 +1,31 @@
+"""Local mesh: one Monarch proc mesh per role on this host, stopped together."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from monarch.actor import ProcMesh, this_host
+
+
+class LocalMesh:
+    """Spawns each role (generator, trainer, reward, ...) into its own procs on this host."""
+
+    def __init__(self) -> None:
+        self.proc_meshes: dict[str, ProcMesh] = {}
+
+    def spawn(self, role: str, actor_class: type, *args: Any, procs: int = 1) -> Any:
+        """Start `procs` processes for `role` and one `actor_class(*args)` in each -> the actor mesh."""
+        proc_mesh = this_host().spawn_procs(per_host={"procs": procs}, name=role)
+        self.proc_meshes[role] = proc_mesh
+        return proc_mesh.spawn(role, actor_class, *args)
+
+    def stop(self) -> list[str]:
+        """Stop every proc mesh (each stop waits for its processes to exit) -> errors, if any."""
+        errors = []
+        for role, proc_mesh in reversed(list(self.proc_meshes.items())):
+            try:
+                proc_mesh.stop().get()
+            except Exception as e:  # keep stopping the others; report what failed
+                errors.append(f"{role}: {e}")
+        self.proc_meshes.clear()
+        return errors

@@ -1,0 +1,56 @@
+"""Token batches for training: collate prompt+completion ids and score them under a model.
+
+Shapes: B sequences, L = longest prompt+completion; per-token tensors are [B, L-1] and aligned with
+*next-token* targets, so position t holds the logprob of ``input_ids[:, t + 1]``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+
+@dataclass
+class TokenBatch:
+    input_ids: torch.Tensor  # [B, L] long, right-padded prompt + completion
+    attention_mask: torch.Tensor  # [B, L] long, 1 on real tokens
+    completion_mask: torch.Tensor  # [B, L-1] float, 1 where the target token was generated
+    old_logprobs: torch.Tensor  # [B, L-1] float, behaviour-policy logprobs (0 outside the mask)
+    advantages: torch.Tensor  # [B] float, one per sequence
+
+
+def collate(
+    prompt_ids: list[list[int]],
+    completion_ids: list[list[int]],
+    pad_id: int,
+    old_logprobs: list[list[float]] | None = None,
+    advantages: list[float] | None = None,
+) -> TokenBatch:
+    """Right-pad prompt+completion pairs into one `TokenBatch` (missing logprobs/advantages are 0)."""
+    rows = [p + c for p, c in zip(prompt_ids, completion_ids)]
+    batch, width = len(rows), max(len(r) for r in rows)
+    input_ids = torch.full((batch, width), pad_id, dtype=torch.long)
+    attention_mask = torch.zeros((batch, width), dtype=torch.long)
+    completion_mask = torch.zeros((batch, width - 1))
+    old = torch.zeros((batch, width - 1))
+    for i, (p, c) in enumerate(zip(prompt_ids, completion_ids)):
+        input_ids[i, : len(p) + len(c)] = torch.tensor(p + c)
+        attention_mask[i, : len(p) + len(c)] = 1
+        # The logit at position len(p) - 1 predicts the first completion token.
+        completion_mask[i, len(p) - 1 : len(p) - 1 + len(c)] = 1.0
+        if old_logprobs is not None:
+            old[i, len(p) - 1 : len(p) - 1 + len(c)] = torch.tensor(old_logprobs[i][: len(c)])
+    adv = torch.tensor(advantages if advantages is not None else [0.0] * batch, dtype=torch.float32)
+    return TokenBatch(input_ids, attention_mask, completion_mask, old, adv)
+
+
+def token_logprobs(model: nn.Module, batch: TokenBatch, temperature: float = 1.0) -> torch.Tensor:
+    """Logprob of every next token under ``logits / temperature`` -> [B, L-1] (0 where masked out)."""
+    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits[:, :-1]
+    if temperature > 0:
+        logits = logits / temperature
+    logp = torch.log_softmax(logits.float(), -1)
+    picked = logp.gather(-1, batch.input_ids[:, 1:, None])[..., 0]
+    return picked * batch.completion_mask

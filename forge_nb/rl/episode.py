@@ -1,0 +1,45 @@
+"""Episodes: one scored completion with everything needed to train on it and to trace it back."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass
+class Episode:
+    """One completion of one prompt, scored, with provenance.
+
+    `group_id` ties the G samples of one prompt together (advantages are relative within it).
+    `policy_version` is the weight version that generated it; `reward_version` and `loss_version`
+    name the reward and loss code versions that scored / will train on it.
+    """
+
+    sample_id: int
+    group_id: int
+    prompt_id: str
+    prompt: str
+    completion: str
+    target: str
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str
+    policy_version: int
+    reward: float = 0.0
+    advantage: float = 0.0
+    reward_version: int = 0
+    loss_version: int = 0
+    rewards: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.completion_ids)
+
+    def row(self) -> dict:
+        """A flat dict for tables (token lists left out; their lengths kept)."""
+        out = asdict(self)
+        for key in ("prompt_ids", "completion_ids", "logprobs", "rewards"):
+            out.pop(key)
+        out["num_tokens"] = self.num_tokens
+        out.update({f"reward/{k}": v for k, v in self.rewards.items()})
+        return out

@@ -1,0 +1,22 @@
+import torch
+
+from forge_nb.rl.advantages import group_relative
+
+
+def test_group_relative_by_hand():
+    rewards = torch.tensor([[1.0, 0.0, 0.0, 1.0], [1.0, 1.0, 1.0, 0.0]])
+    adv = group_relative(rewards, eps=0.0)
+    # group 0: mean 0.5, population std 0.5 -> +-1; group 1: mean 0.75, std sqrt(3)/4.
+    assert torch.allclose(adv[0], torch.tensor([1.0, -1.0, -1.0, 1.0]))
+    s = 3**0.5 / 4
+    assert torch.allclose(adv[1], torch.tensor([0.25 / s, 0.25 / s, 0.25 / s, -0.75 / s]))
+
+
+def test_all_equal_group_gets_zero_advantage():
+    adv = group_relative(torch.tensor([[1.0, 1.0, 1.0], [0.0, 0.0, 0.0]]))
+    assert torch.equal(adv, torch.zeros(2, 3))
+
+
+def test_without_std_only_the_mean_is_removed():
+    adv = group_relative(torch.tensor([[2.0, 0.0]]), normalize_std=False)
+    assert torch.equal(adv, torch.tensor([[1.0, -1.0]]))

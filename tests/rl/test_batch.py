@@ -1,0 +1,21 @@
+import torch
+
+from forge_nb.rl.batch import collate
+
+
+def test_collate_aligns_completion_mask_and_old_logprobs_with_next_token_targets():
+    batch = collate([[1, 5, 6], [1, 7]], [[8, 2], [9, 10, 2]], pad_id=0, old_logprobs=[[-0.1, -0.2], [-1, -2, -3]])
+    assert batch.input_ids.tolist() == [[1, 5, 6, 8, 2], [1, 7, 9, 10, 2]]
+    assert batch.completion_mask.tolist() == [[0, 0, 1, 1], [0, 1, 1, 1]]
+    assert torch.allclose(batch.old_logprobs, torch.tensor([[0, 0, -0.1, -0.2], [0, -1, -2, -3.0]]))
+    # target of position t is input_ids[t + 1]: the masked targets are exactly the completions
+    targets = batch.input_ids[:, 1:][batch.completion_mask.bool()].tolist()
+    assert targets == [8, 2, 9, 10, 2]
+
+
+def test_collate_right_pads():
+    batch = collate([[1, 5]], [[2]], pad_id=0)
+    assert batch.attention_mask.tolist() == [[1, 1, 1]]
+    batch = collate([[1, 5], [1]], [[2], [2]], pad_id=0)
+    assert batch.input_ids.tolist() == [[1, 5, 2], [1, 2, 0]]
+    assert batch.attention_mask.tolist() == [[1, 1, 1], [1, 1, 0]]

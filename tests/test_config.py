@@ -1,0 +1,56 @@
+from pathlib import Path
+
+import pytest
+
+from forge_nb.config import BUNDLED_MODEL, Config, ConfigError
+
+
+def test_defaults_validate_and_point_at_the_bundled_model():
+    config = Config().validate()
+    assert config.model.resolved_path() == BUNDLED_MODEL
+    assert (BUNDLED_MODEL / "model.safetensors").is_file()
+    assert (BUNDLED_MODEL / "tokenizer.json").is_file()
+
+
+def test_fields_can_be_given_bare_dotted_or_by_section():
+    config = Config().updated({"lr": 1e-4, "engine.max_tokens": 5, "task": {"max_digits": 3}, "seed": 7})
+    assert config.algorithm.lr == 1e-4
+    assert config.engine.max_tokens == 5
+    assert config.task.max_digits == 3
+    assert config.seed == 7
+
+
+def test_updated_leaves_the_original_untouched():
+    base = Config()
+    base.updated({"group_size": 4})
+    assert base.algorithm.group_size == 8
+
+
+def test_unknown_field_names_it_and_suggests_the_closest():
+    with pytest.raises(ConfigError, match=r"unknown config field 'grop_size'; did you mean algorithm.group_size"):
+        Config().updated({"grop_size": 4})
+
+
+def test_invalid_value_names_the_field():
+    with pytest.raises(ConfigError, match=r"algorithm.group_size must be >= 2, got 1"):
+        Config().updated({"group_size": 1})
+    with pytest.raises(ConfigError, match=r"algorithm.lr must be float, got str"):
+        Config().updated({"lr": "fast"})
+    with pytest.raises(ConfigError, match=r"engine.top_p must be in \(0, 1\]"):
+        Config().updated({"top_p": 0.0})
+
+
+def test_missing_model_directory_names_the_path(tmp_path: Path):
+    missing = tmp_path / "no-such-model"
+    with pytest.raises(ConfigError, match=rf"model.path: directory '{missing}' does not exist"):
+        Config().updated({"model.path": str(missing)})
+    with pytest.raises(ConfigError, match="has no config.json"):
+        Config().updated({"model.path": str(tmp_path)})
+
+
+def test_yaml_round_trip(tmp_path: Path):
+    path = tmp_path / "run.yaml"
+    path.write_text("algorithm:\n  lr: 0.001\n  group_size: 4\nseed: 3\n")
+    config = Config.from_yaml(path)
+    assert (config.algorithm.lr, config.algorithm.group_size, config.seed) == (0.001, 4, 3)
+    assert Config.from_dict(config.to_dict()) == config

@@ -1,0 +1,45 @@
+"""Sessions that start and stop inside the test: process accounting needs no other mesh alive."""
+
+import pytest
+
+import forge_nb
+from forge_nb.config import ConfigError
+from tests.conftest import child_processes, wait_no_children
+
+
+def test_rewards_are_sharded_over_several_reward_procs():
+    s = forge_nb.up(prompts_per_step=3, group_size=3, reward_procs=2, threads_per_proc=1)
+    try:
+        assert len(set(s.pids["reward"])) == 2
+        r = s.rollout()
+        expected = [s.task.verify(e.completion, e.target) for e in r.episodes]
+        assert [e.reward for e in r.episodes] == expected
+    finally:
+        s.down()
+    assert wait_no_children() == []
+
+
+def test_down_leaves_no_child_process_and_is_idempotent():
+    s = forge_nb.up(prompts_per_step=2, group_size=2, threads_per_proc=1)
+    pids = [p for ps in s.pids.values() for p in ps]
+    assert {p.pid for p in child_processes()} >= set(pids)
+    s.down()
+    s.down()
+    assert wait_no_children() == []
+    assert not s.status()["up"]
+    with pytest.raises(RuntimeError, match="session is down"):
+        s.rollout()
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"group_sise": 4}, "unknown config field 'group_sise'; did you mean algorithm.group_size"),
+        ({"temperature": -1.0}, "engine.temperature must be >= 0.0"),
+        ({"model.path": "/nonexistent/model"}, "model.path: directory '/nonexistent/model' does not exist"),
+    ],
+)
+def test_bad_config_is_one_clear_error_and_starts_nothing(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        forge_nb.up(**overrides)
+    assert child_processes() == []
