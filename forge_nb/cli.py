@@ -41,12 +41,13 @@ def demo(minutes: float, steps: int | None, every: int, config: Config) -> pd.Da
 
 
 def _print_rows(chunk: pd.DataFrame, header: bool) -> None:
-    """One line per chunk of steps: the mean over the chunk, the last step's version."""
-    row = chunk[DEMO_COLUMNS].mean().to_frame().T
-    row["policy_version"] = chunk.policy_version.iloc[-1]
-    row.index = [f"{chunk.index[0]}-{chunk.index[-1]}"]
-    text = row.to_string(float_format=lambda v: f"{v:.3f}", header=header)
-    print(text, flush=True)
+    """One fixed-width line per chunk of steps: means over the chunk, the last step's version."""
+    means = chunk[DEMO_COLUMNS].mean()
+    means["policy_version"] = chunk.policy_version.iloc[-1]
+    if header:
+        print(f"{'steps':>9} " + " ".join(f"{c:>14}" for c in DEMO_COLUMNS))
+    cells = [f"{int(v):>14d}" if c == "policy_version" else f"{v:>14.3f}" for c, v in means.items()]
+    print(f"{chunk.index[0]:>4}-{chunk.index[-1]:<4} " + " ".join(cells), flush=True)
 
 
 def bench(name: str, args: list[str]) -> None:

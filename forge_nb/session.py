@@ -49,6 +49,7 @@ class Session:
         self.step_count = 0
         self._next_sample_id = 0
         self._mesh: LocalMesh | None = None
+        self._trainer_version = 0
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -72,6 +73,7 @@ class Session:
             # Registered after the spawns, so our exit hook runs before the ones Monarch adds there.
             lifecycle.register(self)
             self.pids = self._wait_ready()
+            self.generator.attach.call_one(self.trainer.weights_manifest.call_one().get()).get()
         except Exception as e:
             self.down()
             raise SessionError(f"forge_nb: the mesh failed to start ({type(e).__name__}): {e}") from e
@@ -179,20 +181,20 @@ class Session:
             [e.prompt_ids for e in eps], [e.completion_ids for e in eps],
             [e.logprobs for e in eps], [e.advantage for e in eps],
         ).get()  # fmt: skip
+        self._trainer_version = metrics["policy_version"]
         self.metrics_stream.emit("train", step=self.step_count, **metrics)
         return metrics
 
     def sync(self) -> dict[str, Any]:
-        """Refresh the generator with the trainer's current weights over RDMA -> refresh report.
+        """Refresh the generator with the trainer's latest published weights over RDMA -> report.
 
-        Report: version, previous_version, bytes, seconds, transfer_seconds, gbps, skipped.
+        The trainer publishes at the end of every `train`; this pulls that version. Report keys:
+        version, previous_version, bytes, seconds, transfer_seconds, total_seconds, gbps, skipped.
         """
         self._require_up()
         start = time.perf_counter()
-        manifest = self.trainer.publish.call_one().get()
-        publish_s = time.perf_counter() - start
-        report = self.generator.refresh.call_one(manifest).get()
-        report = {**report, "publish_seconds": publish_s, "total_seconds": time.perf_counter() - start}
+        report = self.generator.refresh.call_one(self._trainer_version).get()
+        report = {**report, "total_seconds": time.perf_counter() - start}
         self.metrics_stream.emit("sync", step=self.step_count, **report)
         return report
 

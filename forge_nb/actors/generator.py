@@ -25,23 +25,31 @@ class Generator(Actor):
     def __init__(self, model_dir: str, dtype: str, threads: int) -> None:
         setup_proc(threads)
         self.engine = TorchEngine.load(model_dir, getattr(torch, dtype))
-        self.receiver = WeightReceiver(version=0)
+        self.receiver: WeightReceiver | None = None
+        self.version = 0
 
     @endpoint
     async def generate(self, prompts: list[str], sampling: SamplingParams) -> tuple[list[list[Completion]], int, float]:
         """-> (completions[prompt][sample], policy version that produced them, seconds)."""
         start = time.perf_counter()
         completions = self.engine.generate(prompts, sampling)
-        return completions, self.receiver.version, time.perf_counter() - start
+        return completions, self.version, time.perf_counter() - start
 
     @endpoint
-    async def refresh(self, manifest: WeightManifest) -> dict:
-        """Load `manifest`'s version (batch boundary: never called while `generate` runs)."""
-        return (await self.receiver.refresh(manifest, self.engine.load_weights)).as_dict()
+    async def attach(self, manifest: WeightManifest) -> None:
+        """Remember where the trainer publishes (once per session; refreshes then move only bytes)."""
+        self.receiver = WeightReceiver(manifest, version=self.version)
+
+    @endpoint
+    async def refresh(self, version: int) -> dict:
+        """Load published `version` (batch boundary: never runs while `generate` does) -> report."""
+        report = await self.receiver.refresh(version, self.engine.load_weights)
+        self.version = report.version
+        return report.as_dict()
 
     @endpoint
     async def checksum(self) -> tuple[int, str]:
-        return self.receiver.version, checksum(self.engine.named_weights())
+        return self.version, checksum(self.engine.named_weights())
 
     @endpoint
     async def pid(self) -> int:

@@ -32,8 +32,8 @@ class Trainer(Actor):
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=algorithm.lr, weight_decay=0.0)
         self.loss_fn = functools.partial(grpo_loss, clip_eps=algorithm.clip_eps, token_level=algorithm.token_level)
         self.pad_id, self.temperature = pad_id, temperature
-        self.publisher = WeightPublisher(self.model.named_parameters())
         self.version = 0
+        self.publisher = WeightPublisher(self.model.named_parameters(), self.version)
 
     @endpoint
     def train_step(
@@ -43,19 +43,30 @@ class Trainer(Actor):
         logprobs: list[list[float]],
         advantages: list[float],
     ) -> dict[str, float]:
-        """One optimizer step on a batch of B sequences -> metrics; the policy version goes up by one."""
+        """One optimizer step on a batch of B sequences, then publish the new weights -> metrics.
+
+        The policy version goes up by one; the published snapshot holds it when this returns.
+        """
         start = time.perf_counter()
         batch = collate(prompt_ids, completion_ids, self.pad_id, logprobs, advantages)
         metrics = policy_step(
             self.model, self.optimizer, batch, self.loss_fn, self.temperature, self.algorithm.max_grad_norm
         )
         self.version += 1
-        return {**metrics, "policy_version": self.version, "train_seconds": time.perf_counter() - start}
+        stepped = time.perf_counter()
+        self.publisher.publish(self.model.named_parameters(), self.version)
+        end = time.perf_counter()
+        return {
+            **metrics,
+            "policy_version": self.version,
+            "train_seconds": end - start,
+            "publish_seconds": end - stepped,
+        }
 
     @endpoint
-    def publish(self) -> WeightManifest:
-        """Snapshot the current weights as `version` and hand out the RDMA handle to them."""
-        return self.publisher.publish(self.model.named_parameters(), self.version)
+    def weights_manifest(self) -> WeightManifest:
+        """Layout and RDMA handle of the published snapshot (stable for the session)."""
+        return self.publisher.manifest()
 
     @endpoint
     def logprobs(self, prompt_ids: list[list[int]], completion_ids: list[list[int]]) -> list[list[float]]:

@@ -1,7 +1,7 @@
 """Trainer side of a weight refresh: snapshot the parameters into one registered flat buffer.
 
 The buffer is allocated and registered with Monarch RDMA once; each publish copies the current
-parameters into it (a memcpy) and returns a manifest carrying the version. Readers copy from the
+parameters into it (a memcpy) and stamps the version in its header. Readers copy from the
 snapshot, never from live parameters, so the optimizer may step as soon as `publish` returns.
 """
 
@@ -12,29 +12,33 @@ from collections.abc import Iterable
 
 import torch
 
-from forge_nb.weights.manifest import WeightManifest, layout, views
+from forge_nb.weights.manifest import WeightManifest, layout, version_view, views
 
 
 class WeightPublisher:
     """Owns the flat snapshot of one model's parameters and its RDMA registration."""
 
-    def __init__(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        self.slots, self.nbytes = layout(named_tensors)
+    def __init__(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int = 0) -> None:
+        named = list(named_tensors)
+        self.slots, self.nbytes = layout(named)
         self.flat = torch.zeros(self.nbytes, dtype=torch.uint8)
+        self._targets = dict(views(self.flat, self.slots))
         self._buffer = None
         self.version: int | None = None
+        self.publish(named, version)
 
-    def publish(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> WeightManifest:
-        """Copy `named_tensors` into the snapshot and describe it as `version`."""
-        if version != self.version:
-            targets = dict(views(self.flat, self.slots))
-            with torch.no_grad():
-                for name, t in named_tensors:
-                    targets[name].copy_(t)
-            self.version = version
-        return WeightManifest(version, self.slots, self.nbytes, self._rdma_buffer())
+    @torch.no_grad()
+    def publish(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
+        """Copy `named_tensors` into the snapshot and stamp it as `version`."""
+        if version == self.version:
+            return
+        for name, t in named_tensors:
+            self._targets[name].copy_(t)
+        version_view(self.flat).fill_(version)
+        self.version = version
 
-    def _rdma_buffer(self):
+    def manifest(self) -> WeightManifest:
+        """The layout and the RDMA handle (registered on first use)."""
         if self._buffer is None:
             from monarch.rdma import RDMABuffer, RDMATcpFallbackWarning
 
@@ -42,4 +46,4 @@ class WeightPublisher:
                 # Without ibverbs Monarch moves the bytes over TCP; the refresh report shows the rate.
                 warnings.simplefilter("ignore", RDMATcpFallbackWarning)
                 self._buffer = RDMABuffer(self.flat)
-        return self._buffer
+        return WeightManifest(self.slots, self.nbytes, self._buffer)

@@ -8,12 +8,16 @@ from dataclasses import dataclass
 
 import torch
 
-from forge_nb.weights.manifest import WeightManifest, views
+from forge_nb.weights.manifest import WeightManifest, version_view, views
+
+
+class RefreshError(RuntimeError):
+    """The bytes read do not hold the version that was asked for."""
 
 
 @dataclass(frozen=True)
 class RefreshReport:
-    """What one refresh did. `seconds` covers the transfer and the load; GB/s is bytes / seconds."""
+    """What one refresh did. `seconds` covers transfer and load; GB/s is bytes / seconds (1e9 B)."""
 
     version: int
     previous_version: int
@@ -31,28 +35,28 @@ class RefreshReport:
 
 
 class WeightReceiver:
-    """Tracks the version a generator serves and refreshes it from `WeightManifest`s."""
+    """Tracks the version a generator serves and refreshes it from one publisher's buffer."""
 
-    def __init__(self, version: int = 0) -> None:
+    def __init__(self, manifest: WeightManifest, version: int = 0) -> None:
+        self.manifest = manifest
         self.version = version
-        self._staging: torch.Tensor | None = None
+        self._staging = torch.empty(manifest.nbytes, dtype=torch.uint8)
 
-    async def refresh(
-        self, manifest: WeightManifest, load: Callable[[Iterable[tuple[str, torch.Tensor]]], None]
-    ) -> RefreshReport:
-        """Read `manifest`'s bytes into a staging buffer, then `load` the named views of it.
+    async def refresh(self, version: int, load: Callable[[Iterable[tuple[str, torch.Tensor]]], None]) -> RefreshReport:
+        """Read the published buffer, check it holds `version`, then `load` the named views.
 
         A refresh to the version already served moves nothing and reports ``skipped=True``.
         """
         previous = self.version
-        if manifest.version == previous:
+        if version == previous:
             return RefreshReport(previous, previous, 0, 0.0, 0.0, True)
         start = time.perf_counter()
-        if self._staging is None or self._staging.numel() != manifest.nbytes:
-            self._staging = torch.empty(manifest.nbytes, dtype=torch.uint8)
-        await manifest.buffer.read_into(self._staging)
+        await self.manifest.buffer.read_into(self._staging)
         transferred = time.perf_counter()
-        load(views(self._staging, manifest.slots))
-        self.version = manifest.version
+        found = int(version_view(self._staging).item())
+        if found != version:
+            raise RefreshError(f"asked for policy version {version}, the published buffer holds {found}")
+        load(views(self._staging, self.manifest.slots))
+        self.version = version
         end = time.perf_counter()
-        return RefreshReport(manifest.version, previous, manifest.nbytes, end - start, transferred - start, False)
+        return RefreshReport(version, previous, self.manifest.nbytes, end - start, transferred - start, False)

@@ -1,0 +1,112 @@
+"""Mesh overhead: the same GRPO step in a plain single-process loop and through forge_nb's mesh.
+
+Both sides do identical work per step -- generate P x G samples with the torch engine, score them
+with the task verifier, group-relative advantages, one GRPO optimizer step, copy the new weights
+into the generator -- on the bundled model, with the same seeds and torch thread budget. The plain
+loop copies weights with a memcpy; the mesh moves them over Monarch RDMA between procs.
+Blocks of steps alternate between the two so machine noise hits both alike.
+
+    python benchmarks/overhead.py [--steps-per-block 25] [--blocks 4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import statistics
+import time
+
+import torch
+from transformers import AutoModelForCausalLM
+
+import forge_nb
+from forge_nb.config import Config
+from forge_nb.engines.torch_engine import TorchEngine
+from forge_nb.rl.advantages import group_relative
+from forge_nb.rl.batch import collate
+from forge_nb.rl.losses import grpo_loss
+from forge_nb.rl.train_step import policy_step
+from forge_nb.tasks import make_task
+
+
+class PlainLoop:
+    """The whole GRPO step in one process, no actors: the baseline the mesh must match."""
+
+    def __init__(self, config: Config) -> None:
+        path = config.model.resolved_path()
+        self.config = config
+        self.engine = TorchEngine.load(path)
+        self.model = AutoModelForCausalLM.from_pretrained(str(path))
+        a = config.algorithm
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=a.lr, weight_decay=0.0)
+        self.loss_fn = functools.partial(grpo_loss, clip_eps=a.clip_eps, token_level=a.token_level)
+        self.task = make_task(config.task.name, config.seed + 1, max_digits=config.task.max_digits)
+        self.steps = 0
+
+    def step(self, sampling) -> dict[str, float]:
+        a, times = self.config.algorithm, {}
+        t0 = time.perf_counter()
+        problems = self.task.sample(a.prompts_per_step)
+        completions = self.engine.generate([p.prompt for p in problems], sampling)
+        t1 = time.perf_counter()
+        flat = [c for group in completions for c in group]
+        targets = [p.target for p in problems for _ in range(sampling.n)]
+        rewards = [self.task.verify(c.text, t) for c, t in zip(flat, targets)]
+        adv = group_relative(torch.tensor(rewards).view(len(problems), sampling.n), a.normalize_std).flatten()
+        t2 = time.perf_counter()
+        batch = collate(
+            [c.prompt_ids for c in flat], [c.token_ids for c in flat], self.engine.pad_id,
+            [c.logprobs for c in flat], adv.tolist(),
+        )  # fmt: skip
+        policy_step(self.model, self.optimizer, batch, self.loss_fn, sampling.temperature, a.max_grad_norm)
+        t3 = time.perf_counter()
+        self.engine.load_weights(self.model.named_parameters())
+        t4 = time.perf_counter()
+        self.steps += 1
+        times.update(generate_s=t1 - t0, score_s=t2 - t1, train_s=t3 - t2, refresh_s=t4 - t3, step_s=t4 - t0)
+        return times
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps-per-block", type=int, default=25)
+    parser.add_argument("--blocks", type=int, default=4)
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=2, help="torch threads, per process on both sides")
+    args = parser.parse_args()
+
+    config = Config().updated({"threads_per_proc": args.threads})
+    torch.set_num_threads(args.threads)
+    plain = PlainLoop(config)
+    session = forge_nb.up(config)
+    try:
+        plain_rows, mesh_rows = [], []
+        for _ in range(args.warmup):
+            plain.step(session.sampling())
+        session.step(args.warmup)
+        for _ in range(args.blocks):
+            plain_rows += [plain.step(session.sampling()) for _ in range(args.steps_per_block)]
+            mesh_rows += session.step(args.steps_per_block).to_dict("records")
+    finally:
+        session.down()
+    report(plain_rows, mesh_rows, config)
+
+
+def report(plain_rows: list[dict], mesh_rows: list[dict], config: Config) -> None:
+    a = config.algorithm
+    print(f"\nGRPO step, bundled model, {a.prompts_per_step} prompts x {a.group_size} samples, "
+          f"{config.engine.max_tokens} max new tokens, {config.mesh.threads_per_proc} torch threads per process; "
+          f"{len(plain_rows)} steps each side, interleaved blocks\n")  # fmt: skip
+    print(f"{'phase (median s)':<18}{'plain loop':>12}{'forge_nb mesh':>15}{'ratio':>8}")
+    for phase in ("generate_s", "score_s", "train_s", "refresh_s", "step_s"):
+        p = statistics.median(r[phase] for r in plain_rows)
+        m = statistics.median(r[phase] for r in mesh_rows)
+        print(f"{phase:<18}{p:>12.4f}{m:>15.4f}{m / p:>8.2f}x")
+    p_mean = statistics.fmean(r["step_s"] for r in plain_rows)
+    m_mean = statistics.fmean(r["step_s"] for r in mesh_rows)
+    print(f"{'step_s (mean)':<18}{p_mean:>12.4f}{m_mean:>15.4f}{m_mean / p_mean:>8.2f}x")
+    print(f"\nmesh / plain step time: {m_mean / p_mean:.3f}x (goal <= 1.10x)")
+
+
+if __name__ == "__main__":
+    main()

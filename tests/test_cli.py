@@ -1,0 +1,34 @@
+import subprocess
+import sys
+
+import psutil
+
+CLI = [sys.executable, "-m", "forge_nb.cli"]
+
+
+def _run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=300)
+
+
+def test_demo_prints_a_table_and_held_out_accuracy_before_and_after():
+    out = _run("demo", "--steps", "2", "--every", "1", "--set", "prompts_per_step=4", "group_size=4")
+    assert out.returncode == 0, out.stderr
+    assert "held-out accuracy before:" in out.stdout
+    assert "held-out accuracy after:" in out.stdout
+    for column in ("mean_reward", "accuracy", "tokens_per_s", "train_s", "refresh_gbps"):
+        assert column in out.stdout
+    assert "2-2" in out.stdout  # the second step's row
+
+
+def test_demo_with_an_unknown_field_fails_fast_with_the_field_named():
+    out = _run("demo", "--set", "group_sise=4")
+    assert out.returncode != 0
+    assert "unknown config field 'group_sise'; did you mean algorithm.group_size?" in out.stderr
+    assert "Traceback" not in out.stderr
+    assert not [p for p in psutil.Process().children(recursive=True) if p.status() != psutil.STATUS_ZOMBIE]
+
+
+def test_bench_names_the_known_benchmarks_when_one_is_missing():
+    out = _run("bench", "no_such_benchmark")
+    assert out.returncode != 0
+    assert "overhead" in out.stderr
