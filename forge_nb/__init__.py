@@ -8,6 +8,7 @@ s.down()
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from forge_nb.config import Config, ConfigError
@@ -22,4 +23,25 @@ def up(config: Config | None = None, **overrides: Any):
     return Session.up(config, **overrides)
 
 
-__all__ = ["Config", "ConfigError", "up", "__version__"]
+def _current_session():
+    from forge_nb.mesh import lifecycle
+
+    session = lifecycle.current()
+    if session is None:
+        raise RuntimeError("forge_nb: no session is up; run forge_nb.up() (or %forge up) first")
+    return session
+
+
+def reward(fn: Callable) -> Callable:
+    """Decorator: validate `fn` and make it the live reward of the current session. Returns `fn`."""
+    _current_session().set_reward(fn)
+    return fn
+
+
+def loss(fn: Callable) -> Callable:
+    """Decorator: validate `fn` and make it the live loss of the current session. Returns `fn`."""
+    _current_session().set_loss(fn)
+    return fn
+
+
+__all__ = ["Config", "ConfigError", "loss", "reward", "up", "__version__"]

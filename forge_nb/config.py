@@ -98,12 +98,24 @@ class AlgorithmConfig:
 
 
 @dataclass
+class LiveConfig:
+    timeout_s: float = 5.0  # a reward or loss that takes longer on the probe batch (or a batch) is rejected
+    probe_size: int = 16  # recent samples a candidate reward / loss is validated on
+
+    def validate(self) -> None:
+        if not self.timeout_s > 0:
+            raise ConfigError(f"live.timeout_s must be > 0, got {self.timeout_s}")
+        _at_least("live.probe_size", self.probe_size, 1)
+
+
+@dataclass
 class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     task: TaskConfig = field(default_factory=TaskConfig)
     engine: EngineConfig = field(default_factory=EngineConfig)
     mesh: MeshConfig = field(default_factory=MeshConfig)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    live: LiveConfig = field(default_factory=LiveConfig)
     seed: int = 0
 
     def validate(self) -> Config:
@@ -134,7 +146,7 @@ class Config:
         return new.validate()
 
 
-_SECTIONS = ("model", "task", "engine", "mesh", "algorithm")
+_SECTIONS = ("model", "task", "engine", "mesh", "algorithm", "live")
 
 
 def _fields(section: str) -> dict[str, dataclasses.Field]:

@@ -12,6 +12,7 @@ It reads like the training loop it drives::
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 import pandas as pd
@@ -23,6 +24,11 @@ from forge_nb.actors.reward import RewardWorker
 from forge_nb.actors.trainer import Trainer
 from forge_nb.config import Config
 from forge_nb.engines.base import SamplingParams
+from forge_nb.live import swap
+from forge_nb.live.builtin import builtin_loss, builtin_reward
+from forge_nb.live.capture import LiveCode
+from forge_nb.live.probe import reward_probes
+from forge_nb.live.registry import Registry
 from forge_nb.mesh import lifecycle
 from forge_nb.mesh.local import LocalMesh
 from forge_nb.metrics import MetricsStream
@@ -50,6 +56,10 @@ class Session:
         self._next_sample_id = 0
         self._mesh: LocalMesh | None = None
         self._trainer_version = 0
+        self.registry = Registry()
+        self.registry.add_builtin("reward", builtin_reward(config.task, config.seed))
+        self.registry.add_builtin("loss", builtin_loss(config.algorithm))
+        self.reward_errors: list[dict] = []
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -68,8 +78,10 @@ class Session:
         try:
             self.generator = mesh.spawn("generator", Generator, model_dir, cfg.model.dtype, threads)
             self.trainer = mesh.spawn("trainer", Trainer, model_dir, cfg.model.dtype, threads, cfg.algorithm,
-                                      self.tokenizer.pad_token_id, cfg.engine.temperature)  # fmt: skip
-            self.rewards = mesh.spawn("reward", RewardWorker, cfg.task, cfg.seed, procs=cfg.mesh.reward_procs)
+                                      self.tokenizer.pad_token_id, cfg.engine.temperature,
+                                      self.registry.live("loss").code)  # fmt: skip
+            self.rewards = mesh.spawn("reward", RewardWorker, self.registry.live("reward").code, 0,
+                                      cfg.live.timeout_s, procs=cfg.mesh.reward_procs)  # fmt: skip
             # Registered after the spawns, so our exit hook runs before the ones Monarch adds there.
             lifecycle.register(self)
             self.pids = self._wait_ready()
@@ -128,60 +140,83 @@ class Session:
         completions, policy_version, generate_s = self.generator.generate.call_one(
             [p.prompt for p in problems], sampling
         ).get()
-        texts = [c.text for group in completions for c in group]
-        targets = [p.target for p in problems for _ in range(sampling.n)]
+        episodes = self._episodes(problems, completions, policy_version)
         start = time.perf_counter()
-        rewards, reward_version = self._score(texts, targets)
+        self._score(episodes)
         score_s = time.perf_counter() - start
-        advantages = group_relative(
-            torch.tensor(rewards).view(len(problems), sampling.n), self.config.algorithm.normalize_std
-        ).flatten()
-        episodes = self._episodes(problems, completions, rewards, advantages.tolist(), policy_version, reward_version)
-        accuracy = sum(self.task.verify(t, g) for t, g in zip(texts, targets)) / len(texts)
+        valid = torch.tensor([e.reward_error is None for e in episodes]).view(len(problems), sampling.n)
+        rewards = torch.tensor([e.reward for e in episodes]).view(len(problems), sampling.n)
+        advantages = group_relative(rewards, self.config.algorithm.normalize_std, valid=valid).flatten().tolist()
+        for e, a in zip(episodes, advantages):
+            e.advantage = a
+        accuracy = sum(self.task.verify(e.completion, e.target) for e in episodes) / len(episodes)
         self.buffer.add(episodes)
         rollout = Rollout(episodes, policy_version, accuracy, generate_s, score_s)
         self.metrics_stream.emit("rollout", step=self.step_count, **rollout.summary())
         return rollout
 
-    def _score(self, texts: list[str], targets: list[str]) -> tuple[list[float], int]:
-        """Split the batch evenly over the reward procs and gather the scores in order."""
-        workers = self.config.mesh.reward_procs
-        chunk = -(-len(texts) // workers)
-        futures = [
-            self.rewards.slice(procs=i).score.call_one(
-                texts[i * chunk : (i + 1) * chunk], targets[i * chunk : (i + 1) * chunk]
-            )
-            for i in range(workers)
-            if i * chunk < len(texts)
-        ]
-        results = [f.get() for f in futures]
-        return [r for rewards, _ in results for r in rewards], results[0][1]
+    def _score(self, episodes: list[Episode]) -> None:
+        """Split the batch evenly over the reward procs; fill in each episode's reward (or error)."""
+        workers, probes = self.config.mesh.reward_procs, reward_probes(episodes, self.step_count)
+        chunk = -(-len(probes) // workers)
+        shards = [slice(i * chunk, (i + 1) * chunk) for i in range(workers) if i * chunk < len(probes)]
+        futures = [self.rewards.slice(procs=i).score.call_one(probes[shard]) for i, shard in enumerate(shards)]
+        for shard, future in zip(shards, futures):
+            scores = future.get()
+            for i, e in enumerate(episodes[shard]):
+                e.reward_version = scores.reward_version
+                if i in scores.errors:
+                    e.reward, e.reward_error = float("nan"), scores.errors[i]
+                    self.reward_errors.append({"sample_id": e.sample_id, "reward_version": scores.reward_version,
+                                               "prompt": e.prompt, "completion": e.completion,
+                                               "error": scores.errors[i]})  # fmt: skip
+                else:
+                    e.reward = scores.rewards[i]
 
-    def _episodes(self, problems, completions, rewards, advantages, policy_version, reward_version) -> list[Episode]:
+    def _episodes(self, problems, completions, policy_version, probe: bool = False) -> list[Episode]:
+        """Episodes in prompt-major order; probe episodes get sample_id -1 and use no ids."""
         episodes = []
         for problem, group in zip(problems, completions):
-            group_id = self._next_sample_id
+            group_id = -1 if probe else self._next_sample_id
             for c in group:
-                k = len(episodes)
                 episodes.append(Episode(
-                    sample_id=self._next_sample_id, group_id=group_id, prompt_id=problem.prompt_id,
-                    prompt=problem.prompt, completion=c.text, target=problem.target, prompt_ids=c.prompt_ids,
-                    completion_ids=c.token_ids, logprobs=c.logprobs, finish_reason=c.finish_reason,
-                    policy_version=policy_version, reward=rewards[k], advantage=advantages[k],
-                    reward_version=reward_version,
+                    sample_id=-1 if probe else self._next_sample_id, group_id=group_id,
+                    prompt_id=problem.prompt_id, prompt=problem.prompt, completion=c.text, target=problem.target,
+                    prompt_ids=c.prompt_ids, completion_ids=c.token_ids, logprobs=c.logprobs,
+                    finish_reason=c.finish_reason, policy_version=policy_version,
                 ))  # fmt: skip
-                self._next_sample_id += 1
+                self._next_sample_id += 0 if probe else 1
         return episodes
+
+    def probe_samples(self, n: int) -> list[Episode]:
+        """`n` fresh samples of held-out prompts, scored by the task verifier, for validating live
+        code before any rollout exists. Never stored and never trained on."""
+        self._require_up()
+        group = 4
+        problems = self.task.eval_set()[: -(-n // group)]
+        completions, version, _ = self.generator.generate.call_one(
+            [p.prompt for p in problems], self.sampling(n=group)
+        ).get()
+        episodes = self._episodes(problems, completions, version, probe=True)
+        rewards = torch.tensor([self.task.verify(e.completion, e.target) for e in episodes])
+        advantages = group_relative(rewards.view(len(problems), group)).flatten().tolist()
+        for e, r, a in zip(episodes, rewards.tolist(), advantages):
+            e.reward, e.advantage = r, a
+        return episodes[:n]
 
     def train(self, rollout: Rollout) -> dict[str, float]:
         """One optimizer step on `rollout` -> metrics (loss, grad_norm, policy_version, train_s, ...)."""
         self._require_up()
-        eps = rollout.episodes
+        eps = [e for e in rollout.episodes if e.reward_error is None]
+        if not eps:
+            raise SessionError("forge_nb: every sample of this rollout failed its reward; nothing to train on")
         metrics = self.trainer.train_step.call_one(
             [e.prompt_ids for e in eps], [e.completion_ids for e in eps],
             [e.logprobs for e in eps], [e.advantage for e in eps],
         ).get()  # fmt: skip
         self._trainer_version = metrics["policy_version"]
+        for e in eps:
+            e.loss_version = metrics["loss_version"]
         self.metrics_stream.emit("train", step=self.step_count, **metrics)
         return metrics
 
@@ -259,5 +294,33 @@ class Session:
                 "generator": self.generator.checksum.call_one().get()[0],
             },  # fmt: skip
             "samples": self.buffer.added,
+            "reward_version": self.registry.live("reward").version,
+            "loss_version": self.registry.live("loss").version,
+            "reward_errors": len(self.reward_errors),
+            "last_reward_errors": self.reward_errors[-3:],
             "model": str(self.config.model.resolved_path()),
         }
+
+    # -- live code -----------------------------------------------------------------------------
+
+    def set_reward(self, fn: Callable | str | LiveCode | None = None, *, version: int | None = None) -> int:
+        """Validate `fn` (a function, a cell's source, or captured code) on recent samples, give it the
+        next reward version and make it live in every reward actor from the next batch -> version.
+        `version=N` makes an earlier version live again (rollback). Bad code raises `LiveCodeError`
+        and the live version stays."""
+        self._require_up()
+        return swap.set_live(self, "reward", fn, version)
+
+    def set_loss(self, fn: Callable | str | LiveCode | None = None, *, version: int | None = None) -> int:
+        """As `set_reward`, for the loss the trainer minimises (validated forward and backward)."""
+        self._require_up()
+        return swap.set_live(self, "loss", fn, version)
+
+    def versions(self, kind: str | None = None) -> pd.DataFrame:
+        """Every reward / loss version (and rejected candidate): source, time, validation, status."""
+        return self.registry.to_pandas(kind)
+
+    def rescore(self, reward: Callable | str | int, n: int = 256) -> pd.DataFrame:
+        """Score the last `n` samples with another reward (a function, source or version number),
+        without touching the live one -> DataFrame of old and new rewards side by side."""
+        return swap.rescore(self, reward, n)

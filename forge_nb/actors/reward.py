@@ -1,31 +1,71 @@
-"""Reward actor: scores completions with the task's exact verifier. A mesh of them shares a batch."""
+"""Reward actor: scores samples with the live reward version. A mesh of them shares a batch."""
 
 from __future__ import annotations
 
-import math
 import os
+import threading
+from dataclasses import dataclass, field
 
 from monarch.actor import Actor, endpoint
 
-from forge_nb.config import TaskConfig
-from forge_nb.tasks import make_task
+from forge_nb.live.capture import LiveCode, compile_function
+from forge_nb.live.validate import CheckFailed, RewardProbe, check_reward_value, describe_exception
+
+
+@dataclass
+class Scores:
+    """Rewards of one batch: `rewards[i]` is None where sample i failed, `errors[i]` says why."""
+
+    rewards: list[float | None]
+    errors: dict[int, str] = field(default_factory=dict)
+    reward_version: int = 0
 
 
 class RewardWorker(Actor):
-    """Scores (completion, target) pairs. `reward_version` 0 is the task's built-in verifier."""
+    """Holds one compiled reward version; swaps to a new one between batches."""
 
-    def __init__(self, task: TaskConfig, seed: int) -> None:
-        self.task = make_task(task.name, seed, max_digits=task.max_digits, eval_size=task.eval_size)
-        self.reward_version = 0
+    def __init__(self, code: LiveCode, version: int, timeout_s: float) -> None:
+        self.fn, self.version, self.timeout_s = compile_function(code), version, timeout_s
 
     @endpoint
-    def score(self, completions: list[str], targets: list[str]) -> tuple[list[float], int]:
-        """-> (one finite float per completion, the reward version that produced them)."""
-        rewards = [float(self.task.verify(c, t)) for c, t in zip(completions, targets)]
-        bad = [i for i, r in enumerate(rewards) if not math.isfinite(r)]
-        if bad:
-            raise ValueError(f"reward v{self.reward_version} returned a non-finite value for samples {bad}")
-        return rewards, self.reward_version
+    def set_reward(self, code: LiveCode, version: int) -> int:
+        """Compile and make `version` live for the next batch -> the version now live."""
+        self.fn, self.version = compile_function(code), version
+        return self.version
+
+    @endpoint
+    def score(self, samples: list[RewardProbe]) -> Scores:
+        """Score every sample; a sample the reward fails on is marked, never silently scored 0.
+
+        The batch runs in a worker thread: past `timeout_s` x batch size the unscored samples are
+        marked timed out and the actor answers (a hung thread cannot be killed; it stays detached).
+        """
+        scores = Scores([None] * len(samples), reward_version=self.version)
+        fn, done = self.fn, threading.Event()
+
+        def run() -> None:
+            for i, s in enumerate(samples):
+                try:
+                    scores.rewards[i] = check_reward_value(fn(s.prompt, s.completion, s.target, **s.context))
+                except CheckFailed as e:
+                    scores.errors[i] = str(e)
+                except Exception as e:
+                    scores.errors[i] = describe_exception(e)
+            done.set()
+
+        threading.Thread(target=run, name="forge_nb-reward", daemon=True).start()
+        if done.wait(self.timeout_s * max(1, len(samples))):
+            return scores
+        # The hung thread may still write into `scores`: answer with a snapshot.
+        late = Scores(list(scores.rewards), dict(scores.errors), self.version)
+        for i, r in enumerate(late.rewards):
+            if r is None and i not in late.errors:
+                late.errors[i] = f"did not return within the {self.timeout_s:g} s per-sample timeout"
+        return late
+
+    @endpoint
+    def version_live(self) -> int:
+        return self.version
 
     @endpoint
     def pid(self) -> int:

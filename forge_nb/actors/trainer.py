@@ -1,8 +1,7 @@
-"""Trainer actor: owns the trainable policy, takes GRPO steps and publishes weight versions."""
+"""Trainer actor: owns the trainable policy, takes GRPO steps with the live loss, publishes weights."""
 
 from __future__ import annotations
 
-import functools
 import os
 import time
 
@@ -12,28 +11,46 @@ from transformers import AutoModelForCausalLM
 
 from forge_nb.actors import setup_proc
 from forge_nb.config import AlgorithmConfig
+from forge_nb.live.capture import LiveCode, compile_function
+from forge_nb.live.validate import CheckFailed, check_loss_value
 from forge_nb.rl.batch import collate, token_logprobs
-from forge_nb.rl.losses import grpo_loss
-from forge_nb.rl.train_step import policy_step
+from forge_nb.rl.train_step import NonFiniteGradient, policy_step
 from forge_nb.weights.manifest import WeightManifest, checksum
 from forge_nb.weights.publish import WeightPublisher
+
+
+class LossFailed(RuntimeError):
+    """The live loss failed on a training batch; no optimizer step was taken."""
 
 
 class Trainer(Actor):
     """Holds the model and AdamW state. `version` counts optimizer steps taken (0 = as loaded)."""
 
     def __init__(
-        self, model_dir: str, dtype: str, threads: int, algorithm: AlgorithmConfig, pad_id: int, temperature: float
+        self,
+        model_dir: str,
+        dtype: str,
+        threads: int,
+        algorithm: AlgorithmConfig,
+        pad_id: int,
+        temperature: float,
+        loss: LiveCode,
     ) -> None:
         setup_proc(threads)
         torch.manual_seed(0)
         self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype))
         self.algorithm = algorithm
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=algorithm.lr, weight_decay=0.0)
-        self.loss_fn = functools.partial(grpo_loss, clip_eps=algorithm.clip_eps, token_level=algorithm.token_level)
+        self.loss_fn, self.loss_version = compile_function(loss), 0
         self.pad_id, self.temperature = pad_id, temperature
         self.version = 0
         self.publisher = WeightPublisher(self.model.named_parameters(), self.version)
+
+    @endpoint
+    def set_loss(self, code: LiveCode, version: int) -> int:
+        """Compile and make loss `version` live for the next batch -> the version now live."""
+        self.loss_fn, self.loss_version = compile_function(code), version
+        return self.loss_version
 
     @endpoint
     def train_step(
@@ -46,22 +63,25 @@ class Trainer(Actor):
         """One optimizer step on a batch of B sequences, then publish the new weights -> metrics.
 
         The policy version goes up by one; the published snapshot holds it when this returns.
+        If the live loss fails, `LossFailed` is raised and neither weights nor versions change.
         """
         start = time.perf_counter()
         batch = collate(prompt_ids, completion_ids, self.pad_id, logprobs, advantages)
-        metrics = policy_step(
-            self.model, self.optimizer, batch, self.loss_fn, self.temperature, self.algorithm.max_grad_norm
-        )
+        try:
+            metrics = policy_step(
+                self.model, self.optimizer, batch, self.loss_fn, self.temperature,
+                self.algorithm.max_grad_norm, check_loss_value,
+            )  # fmt: skip
+        except (CheckFailed, NonFiniteGradient) as e:
+            raise LossFailed(f"loss v{self.loss_version} {e}; no optimizer step was taken") from None
+        except Exception as e:
+            raise LossFailed(f"loss v{self.loss_version} raised {type(e).__name__}: {e}; no step was taken") from None
         self.version += 1
         stepped = time.perf_counter()
         self.publisher.publish(self.model.named_parameters(), self.version)
         end = time.perf_counter()
-        return {
-            **metrics,
-            "policy_version": self.version,
-            "train_seconds": end - start,
-            "publish_seconds": end - stepped,
-        }
+        times = {"train_seconds": end - start, "publish_seconds": end - stepped}
+        return {**metrics, "policy_version": self.version, "loss_version": self.loss_version, **times}
 
     @endpoint
     def weights_manifest(self) -> WeightManifest:

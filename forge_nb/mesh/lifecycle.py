@@ -12,12 +12,15 @@ class Stoppable(Protocol):
 
 
 _live: weakref.WeakSet = weakref.WeakSet()
+_current: weakref.ref | None = None
 
 
 def register(session: Stoppable) -> None:
     """Track `session` and (re)register the exit hook last, so it runs before Monarch's own
     exit handlers (atexit runs last-registered first; Monarch registers its own as the mesh starts)."""
+    global _current
     _live.add(session)
+    _current = weakref.ref(session)
     atexit.unregister(stop_all)
     atexit.register(stop_all)
 
@@ -28,6 +31,12 @@ def unregister(session: Stoppable) -> None:
 
 def live_sessions() -> list[Stoppable]:
     return list(_live)
+
+
+def current() -> Stoppable | None:
+    """The session started last, if it is still up."""
+    session = _current() if _current is not None else None
+    return session if session in _live else None
 
 
 def stop_all() -> None:

@@ -5,14 +5,24 @@ from __future__ import annotations
 import torch
 
 
-def group_relative(rewards: torch.Tensor, normalize_std: bool = True, eps: float = 1e-6) -> torch.Tensor:
+def group_relative(
+    rewards: torch.Tensor, normalize_std: bool = True, eps: float = 1e-6, valid: torch.Tensor | None = None
+) -> torch.Tensor:
     """rewards [P, G] (P prompts x G samples each) -> advantages [P, G].
 
     ``A = (r - mean_group(r)) / (std_group(r) + eps)``; with `normalize_std=False` only the mean is
     removed (Dr.GRPO). A group whose rewards are all equal gets advantage 0 everywhere.
+    `valid` [P, G] bool leaves samples out (a reward that failed on them): their advantage is 0 and
+    they do not count in their group's mean and std.
     """
-    centered = rewards - rewards.mean(dim=1, keepdim=True)
+    valid = torch.ones_like(rewards, dtype=torch.bool) if valid is None else valid
+    weights = valid.float()
+    rewards = torch.where(valid, rewards, torch.zeros_like(rewards))
+    count = weights.sum(dim=1, keepdim=True).clamp(min=1.0)
+    mean = (rewards * weights).sum(dim=1, keepdim=True) / count
+    centered = (rewards - mean) * weights
     if not normalize_std:
         return centered
-    # Population std over the group (unbiased=False), so a group of one gives 0 rather than NaN.
-    return centered / (rewards.std(dim=1, keepdim=True, unbiased=False) + eps)
+    # Population std over the group (not unbiased), so a group of one gives 0 rather than NaN.
+    std = ((centered**2).sum(dim=1, keepdim=True) / count).sqrt()
+    return centered / (std + eps)

@@ -30,6 +30,7 @@ class Episode:
     reward_version: int = 0
     loss_version: int = 0
     rewards: dict[str, float] = field(default_factory=dict)
+    reward_error: str | None = None  # why the live reward failed on this sample (then it is not trained on)
 
     @property
     def num_tokens(self) -> int:

@@ -10,6 +10,11 @@ from torch import nn
 from forge_nb.rl.batch import TokenBatch, token_logprobs
 from forge_nb.rl.losses import masked_mean
 
+
+class NonFiniteGradient(FloatingPointError):
+    """The loss's gradient is NaN or inf; no optimizer step was taken."""
+
+
 LossFn = Callable[..., torch.Tensor]  # (logprobs, old_logprobs, advantages, mask) -> scalar
 
 
@@ -20,15 +25,23 @@ def policy_step(
     loss_fn: LossFn,
     temperature: float = 1.0,
     max_grad_norm: float = 1.0,
+    check_loss: Callable[[torch.Tensor], torch.Tensor] = lambda loss: loss,
 ) -> dict[str, float]:
-    """Forward, loss, backward, clip, step -> metrics (loss, grad_norm, ratio stats, tokens)."""
+    """Forward, loss, backward, clip, step -> metrics (loss, grad_norm, ratio stats, tokens).
+
+    `check_loss(loss)` runs before backward (it raises to refuse the value). A non-finite gradient
+    raises `NonFiniteGradient` before the optimizer steps, so the weights are never touched.
+    """
     model.train()
     logprobs = token_logprobs(model, batch, temperature)  # [B, T]
     mask = batch.completion_mask
-    loss = loss_fn(logprobs, batch.old_logprobs, batch.advantages, mask)
+    loss = check_loss(loss_fn(logprobs, batch.old_logprobs, batch.advantages, mask))
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+    if not torch.isfinite(grad_norm):
+        optimizer.zero_grad(set_to_none=True)
+        raise NonFiniteGradient(f"backward produced a non-finite gradient norm ({grad_norm.item()})")
     optimizer.step()
     with torch.no_grad():
         log_ratio = (logprobs - batch.old_logprobs) * mask
