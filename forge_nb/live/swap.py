@@ -73,9 +73,8 @@ def set_live(session: Session, kind: str, fn: Callable | str | LiveCode | None, 
         record.status, record.validation["error"] = "rejected", f"actor compile failed: {e}"
         registry.make_live(kind, previous.version)
         ship(session, kind, previous.code, previous.version)
-        raise LiveCodeError(
-            f"{kind} v{record.version}: an actor failed to load it ({e}); v{previous.version} stays live"
-        )
+        message = f"{kind} v{record.version}: an actor failed to load it ({e}); v{previous.version} stays live"
+        raise LiveCodeError(message) from None
     return record.version
 
 

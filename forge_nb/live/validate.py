@@ -95,7 +95,8 @@ def validate_reward(fn: Callable, probes: list[RewardProbe], timeout: float) -> 
             try:
                 values.append(check_reward_value(fn(p.prompt, p.completion, p.target, **p.context)))
             except CheckFailed as e:
-                raise CheckFailed(f"{e} for probe sample {i} (prompt {p.prompt!r}, completion {p.completion!r})")
+                where = f"for probe sample {i} (prompt {p.prompt!r}, completion {p.completion!r})"
+                raise CheckFailed(f"{e} {where}") from None
             except Exception as e:
                 raise CheckFailed(f"{describe_exception(e)} on probe sample {i} (prompt {p.prompt!r})") from e
         return values
