@@ -11,6 +11,7 @@ It reads like the training loop it drives::
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -22,6 +23,7 @@ from transformers import AutoTokenizer
 from forge_nb.actors.generator import Generator
 from forge_nb.actors.reward import RewardWorker
 from forge_nb.actors.trainer import Trainer
+from forge_nb.background import BackgroundRun
 from forge_nb.config import Config
 from forge_nb.engines.base import SamplingParams
 from forge_nb.live import swap
@@ -60,6 +62,9 @@ class Session:
         self.registry.add_builtin("reward", builtin_reward(config.task, config.seed))
         self.registry.add_builtin("loss", builtin_loss(config.algorithm))
         self.reward_errors: list[dict] = []
+        # Held for a whole step (and by each phase): swaps, syncs and cells interleave only between batches.
+        self.lock = threading.RLock()
+        self._run: BackgroundRun | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -104,6 +109,8 @@ class Session:
 
     def down(self) -> None:
         """Stop every proc this session started. Safe to call twice."""
+        if self._run is not None:
+            self._run.stop()
         mesh, self._mesh = self._mesh, None
         lifecycle.unregister(self)
         if mesh is not None:
@@ -134,6 +141,10 @@ class Session:
 
     def rollout(self, problems: list[Problem] | None = None) -> Rollout:
         """Generate G samples for each of P prompts, score them, compute group-relative advantages."""
+        with self.lock:
+            return self._rollout(problems)
+
+    def _rollout(self, problems: list[Problem] | None) -> Rollout:
         self._require_up()
         problems = problems or self.task.sample(self.config.algorithm.prompts_per_step)
         sampling = self.sampling()
@@ -206,6 +217,10 @@ class Session:
 
     def train(self, rollout: Rollout) -> dict[str, float]:
         """One optimizer step on `rollout` -> metrics (loss, grad_norm, policy_version, train_s, ...)."""
+        with self.lock:
+            return self._train(rollout)
+
+    def _train(self, rollout: Rollout) -> dict[str, float]:
         self._require_up()
         eps = [e for e in rollout.episodes if e.reward_error is None]
         if not eps:
@@ -226,6 +241,10 @@ class Session:
         The trainer publishes at the end of every `train`; this pulls that version. Report keys:
         version, previous_version, bytes, seconds, transfer_seconds, total_seconds, gbps, skipped.
         """
+        with self.lock:
+            return self._sync()
+
+    def _sync(self) -> dict[str, Any]:
         self._require_up()
         start = time.perf_counter()
         report = self.generator.refresh.call_one(self._trainer_version).get()
@@ -237,22 +256,51 @@ class Session:
         """n x (rollout, train, sync) -> one row per step (reward, accuracy, tokens/s, phase times, GB/s)."""
         rows = []
         for _ in range(n):
-            start = time.perf_counter()
-            rollout = self.rollout()
-            train = self.train(rollout)
-            refresh = self.sync()
-            self.step_count += 1
-            row = {
-                "step": self.step_count, "policy_version": refresh["version"],
-                "mean_reward": rollout.mean_reward, "accuracy": rollout.accuracy,
-                "tokens_per_s": rollout.tokens_per_s, "generate_s": rollout.generate_s,
-                "score_s": rollout.score_s, "train_s": train["train_seconds"],
-                "refresh_s": refresh["total_seconds"], "refresh_gbps": refresh["gbps"],
-                "loss": train["loss"], "grad_norm": train["grad_norm"], "step_s": time.perf_counter() - start,
-            }  # fmt: skip
-            self.metrics_stream.emit("step", **row)
-            rows.append(row)
+            with self.lock:
+                rows.append(self._step())
         return pd.DataFrame(rows).set_index("step")
+
+    def _step(self) -> dict[str, Any]:
+        start = time.perf_counter()
+        rollout = self.rollout()
+        train = self.train(rollout)
+        refresh = self.sync()
+        self.step_count += 1
+        row = {
+            "step": self.step_count, "policy_version": refresh["version"],
+            "mean_reward": rollout.mean_reward, "accuracy": rollout.accuracy,
+            "tokens_per_s": rollout.tokens_per_s, "generate_s": rollout.generate_s,
+            "score_s": rollout.score_s, "train_s": train["train_seconds"],
+            "refresh_s": refresh["total_seconds"], "refresh_gbps": refresh["gbps"],
+            "loss": train["loss"], "grad_norm": train["grad_norm"], "step_s": time.perf_counter() - start,
+        }  # fmt: skip
+        self.metrics_stream.emit("step", **row)
+        return row
+
+    # -- background run ------------------------------------------------------------------------
+
+    def run(self, steps: int | None = None) -> BackgroundRun:
+        """Step in the background (`steps` steps, or until `stop()`); the kernel stays responsive.
+        Swaps, syncs and other calls from cells apply between steps."""
+        self._require_up()
+        if self._run is not None and self._run.state in ("running", "paused"):
+            raise SessionError(f"forge_nb: a background run is already {self._run.state}; stop() it first")
+        self._run = BackgroundRun(lambda: self.step(1), steps).start()
+        return self._run
+
+    def pause(self) -> None:
+        """Pause the background run after the step in flight."""
+        if self._run is not None:
+            self._run.pause()
+
+    def resume(self) -> None:
+        if self._run is not None:
+            self._run.resume()
+
+    def stop(self) -> None:
+        """Stop the background run after the step in flight (the mesh stays up)."""
+        if self._run is not None:
+            self._run.stop()
 
     def evaluate(self, max_tokens: int | None = None) -> dict[str, float]:
         """Greedy accuracy on the task's held-out set under the generator's current weights."""
@@ -296,6 +344,9 @@ class Session:
             "samples": self.buffer.added,
             "reward_version": self.registry.live("reward").version,
             "loss_version": self.registry.live("loss").version,
+            "run": None
+            if self._run is None
+            else {"state": self._run.state, "steps_done": self._run.done, "error": self._run.error},  # fmt: skip
             "reward_errors": len(self.reward_errors),
             "last_reward_errors": self.reward_errors[-3:],
             "model": str(self.config.model.resolved_path()),

@@ -61,9 +61,10 @@ def set_live(session: Session, kind: str, fn: Callable | str | LiveCode | None, 
         code = capture(kind, fn)
         validation = validate(session, kind, code)
     except (LiveCodeError, CheckFailed) as e:
-        origin = code.origin if code else "cell"
-        if code is not None:
-            registry.reject(kind, code, {"error": str(e)})
+        if code is None:  # could not even be parsed: keep the text for the record
+            code = LiveCode(kind, "", fn if isinstance(fn, str) else repr(fn), "cell")
+        registry.reject(kind, code, {"error": str(e)})
+        origin = code.origin
         raise LiveCodeError(f"{kind} v{candidate} ({origin}): {e} -- v{previous.version} stays live") from None
     record = registry.accept(kind, code, validation)
     try:
@@ -92,11 +93,15 @@ def validate(session: Session, kind: str, code: LiveCode) -> dict:
 
 
 def ship(session: Session, kind: str, code: LiveCode, version: int) -> None:
-    """Send source + version to every actor of `kind`; returns once each has compiled it."""
-    if kind == "reward":
-        session.rewards.set_reward.call(code, version).get()
-    else:
-        session.trainer.set_loss.call_one(code, version).get()
+    """Send source + version to every actor of `kind`; returns once each has compiled it.
+
+    Under the session lock, so a background run sees the swap between two batches, never inside one.
+    """
+    with session.lock:
+        if kind == "reward":
+            session.rewards.set_reward.call(code, version).get()
+        else:
+            session.trainer.set_loss.call_one(code, version).get()
 
 
 def probe_episodes(session: Session) -> list[Episode]:
@@ -109,12 +114,15 @@ def probe_episodes(session: Session) -> list[Episode]:
 
 def rescore(session: Session, reward: Callable | str | int, n: int) -> pd.DataFrame:
     """Old and new rewards of the last `n` samples; the live reward is not touched."""
+    timeout = session.config.live.timeout_s
     if isinstance(reward, int) and not isinstance(reward, bool):
         code, label = session.registry.get("reward", reward).code, f"v{reward}"
-    else:
-        code, label = capture("reward", reward), "candidate"
-    timeout = session.config.live.timeout_s
-    fn = run_with_timeout(lambda: compile_function(code), timeout)
+        fn = run_with_timeout(lambda: compile_function(code), timeout)
+    elif isinstance(reward, str):
+        code, label = from_source("reward", reward), "candidate"
+        fn = run_with_timeout(lambda: compile_function(code), timeout)
+    else:  # a function runs here in the kernel as it is: a what-if never leaves the kernel
+        fn, label = reward, getattr(reward, "__name__", "candidate")
     episodes = session.buffer.recent(n)
     probes = reward_probes(episodes, session.step_count)
     new, errors = run_with_timeout(lambda: _score_each(fn, probes), timeout * max(1, len(probes)))

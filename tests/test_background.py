@@ -1,0 +1,38 @@
+import threading
+import time
+
+from forge_nb.background import BackgroundRun
+
+
+def test_runs_the_requested_steps_then_finishes():
+    calls = []
+    run = BackgroundRun(lambda: calls.append(1), steps=5).start()
+    run.wait(5)
+    assert run.state == "finished" and run.done == 5 and len(calls) == 5
+
+
+def test_pause_resume_and_stop_take_effect_between_steps():
+    gate = threading.Semaphore(0)
+    run = BackgroundRun(lambda: gate.acquire(timeout=1), steps=None).start()
+    gate.release()
+    run.pause()
+    gate.release()  # lets the step in flight finish
+    time.sleep(0.1)
+    paused_at = run.done
+    time.sleep(0.2)
+    assert run.state == "paused" and run.done == paused_at
+    run.resume()
+    gate.release()
+    time.sleep(0.1)
+    assert run.done > paused_at
+    run.stop()
+    assert run.state == "finished"
+
+
+def test_an_exception_stops_the_run_and_is_kept():
+    def step():
+        raise ValueError("boom")
+
+    run = BackgroundRun(step, steps=None).start()
+    run.wait(5)
+    assert run.state == "failed" and "step 1 failed: ValueError: boom" in run.error
