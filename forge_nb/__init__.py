@@ -44,4 +44,11 @@ def loss(fn: Callable) -> Callable:
     return fn
 
 
-__all__ = ["Config", "ConfigError", "loss", "reward", "up", "__version__"]
+def load_ipython_extension(ipython) -> None:
+    """`%load_ext forge_nb`: registers `%forge` and `%%forge reward` / `%%forge loss`."""
+    from forge_nb.notebook.magics import load_ipython_extension as load
+
+    load(ipython)
+
+
+__all__ = ["Config", "ConfigError", "load_ipython_extension", "loss", "reward", "up", "__version__"]

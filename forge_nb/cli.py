@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from forge_nb.config import Config, ConfigError
+from forge_nb.config import Config, ConfigError, parse_overrides
 
 DEMO_COLUMNS = ["policy_version", "mean_reward", "accuracy", "tokens_per_s", "generate_s", "score_s", "train_s",
                 "refresh_s", "refresh_gbps", "step_s"]  # fmt: skip
@@ -75,24 +75,11 @@ def main(argv: list[str] | None = None) -> None:
     if args.command == "bench":
         return bench(args.name, args.args)
     try:
-        config = (Config.from_yaml(args.config) if args.config else Config()).updated(_overrides(args.set))
+        config = (Config.from_yaml(args.config) if args.config else Config()).updated(parse_overrides(args.set))
     except ConfigError as e:
         raise SystemExit(f"forge-nb: {e}") from None
     pd.set_option("display.width", 200)
     demo(args.minutes, args.steps, args.every, config)
-
-
-def _overrides(pairs: list[str]) -> dict:
-    """["lr=1e-4", "group_size=4"] -> {"lr": 0.0001, "group_size": 4} (values parsed as YAML scalars)."""
-    import yaml
-
-    out = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep:
-            raise SystemExit(f"forge-nb: --set takes FIELD=VALUE, got {pair!r}")
-        out[key] = yaml.safe_load(value)
-    return out
 
 
 if __name__ == "__main__":

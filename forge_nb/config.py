@@ -193,6 +193,17 @@ def _coerce(name: str, value: Any, expected: type) -> Any:
     return value
 
 
+def parse_overrides(pairs: list[str]) -> dict[str, Any]:
+    """["lr=1e-4", "group_size=4"] -> {"lr": 0.0001, "group_size": 4}: values are YAML scalars."""
+    out = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep:
+            raise ConfigError(f"expected FIELD=VALUE, got {pair!r}")
+        out[key] = yaml.safe_load(value)
+    return out
+
+
 def _at_least(name: str, value: float, low: float) -> None:
     if value < low:
         raise ConfigError(f"{name} must be >= {low}, got {value}")

@@ -18,6 +18,7 @@ from typing import Any
 
 import pandas as pd
 import torch
+from tqdm.auto import tqdm
 from transformers import AutoTokenizer
 
 from forge_nb.actors.generator import Generator
@@ -58,6 +59,8 @@ class Session:
         self._next_sample_id = 0
         self._mesh: LocalMesh | None = None
         self._trainer_version = 0
+        self._generator_version = 0
+        self._dashboards: list = []
         self.registry = Registry()
         self.registry.add_builtin("reward", builtin_reward(config.task, config.seed))
         self.registry.add_builtin("loss", builtin_loss(config.algorithm))
@@ -97,11 +100,13 @@ class Session:
 
     def _wait_ready(self) -> dict[str, list[int]]:
         """Ask every actor for its pid: returns once each constructor has finished (or raises its error)."""
-        return {
-            "generator": [self.generator.pid.call_one().get()],
-            "trainer": [self.trainer.pid.call_one().get()],
-            "reward": [pid for _, pid in self.rewards.pid.call().get().items()],
-        }
+        pids = {}
+        with tqdm(total=3, desc="forge_nb up: starting actors", leave=False) as bar:
+            for role, mesh in (("generator", self.generator), ("trainer", self.trainer), ("reward", self.rewards)):
+                bar.set_postfix_str(role)
+                pids[role] = [pid for _, pid in mesh.pid.call().get().items()]
+                bar.update()
+        return pids
 
     @property
     def is_up(self) -> bool:
@@ -111,6 +116,8 @@ class Session:
         """Stop every proc this session started. Safe to call twice."""
         if self._run is not None:
             self._run.stop()
+        for board in self._dashboards:
+            board.close()
         mesh, self._mesh = self._mesh, None
         lifecycle.unregister(self)
         if mesh is not None:
@@ -248,6 +255,7 @@ class Session:
         self._require_up()
         start = time.perf_counter()
         report = self.generator.refresh.call_one(self._trainer_version).get()
+        self._generator_version = report["version"]
         report = {**report, "total_seconds": time.perf_counter() - start}
         self.metrics_stream.emit("sync", step=self.step_count, **report)
         return report
@@ -255,7 +263,7 @@ class Session:
     def step(self, n: int = 1) -> pd.DataFrame:
         """n x (rollout, train, sync) -> one row per step (reward, accuracy, tokens/s, phase times, GB/s)."""
         rows = []
-        for _ in range(n):
+        for _ in tqdm(range(n), desc="forge_nb step", disable=n < 5, leave=False):
             with self.lock:
                 rows.append(self._step())
         return pd.DataFrame(rows).set_index("step")
@@ -263,6 +271,7 @@ class Session:
     def _step(self) -> dict[str, Any]:
         start = time.perf_counter()
         rollout = self.rollout()
+        staleness = self._trainer_version - rollout.policy_version
         train = self.train(rollout)
         refresh = self.sync()
         self.step_count += 1
@@ -272,7 +281,8 @@ class Session:
             "tokens_per_s": rollout.tokens_per_s, "generate_s": rollout.generate_s,
             "score_s": rollout.score_s, "train_s": train["train_seconds"],
             "refresh_s": refresh["total_seconds"], "refresh_gbps": refresh["gbps"],
-            "loss": train["loss"], "grad_norm": train["grad_norm"], "step_s": time.perf_counter() - start,
+            "loss": train["loss"], "grad_norm": train["grad_norm"], "staleness": staleness,
+            "step_s": time.perf_counter() - start,
         }  # fmt: skip
         self.metrics_stream.emit("step", **row)
         return row
@@ -314,6 +324,30 @@ class Session:
         return result
 
     # -- inspection ----------------------------------------------------------------------------
+
+    @property
+    def trainer_version(self) -> int:
+        """Policy version of the trainer's weights (the latest published)."""
+        return self._trainer_version
+
+    @property
+    def generator_version(self) -> int:
+        """Policy version the generator serves (as of the last sync)."""
+        return self._generator_version
+
+    def dashboard(self):
+        """A live ipywidgets dashboard of this session (display it, or let the cell return it)."""
+        from forge_nb.notebook.dashboard import Dashboard
+
+        board = Dashboard(self)
+        self._dashboards.append(board)
+        return board.widget
+
+    def samples(self, n: int = 16) -> pd.DataFrame:
+        """The last `n` samples with rewards, advantages and versions."""
+        from forge_nb.notebook.tables import samples_table
+
+        return samples_table(self, n)
 
     @property
     def metrics(self) -> pd.DataFrame:

@@ -1,0 +1,126 @@
+"""Live dashboard: ipywidgets + one plotly FigureWidget fed by the session's metrics stream.
+
+Rows arrive from any thread (a background run emits them); they are queued and drawn by a timer
+at most `max_hz` times per second in one `batch_update`, never one redraw per point.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import ipywidgets as widgets
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+PHASES = ("generate_s", "score_s", "train_s", "refresh_s")
+TRACES = ["mean_reward", "accuracy", "tokens_per_s", *PHASES, "refresh_gbps"]
+
+
+class Dashboard:
+    """Reward / accuracy, tokens/s, time per phase, refresh GB/s; versions and staleness; buttons."""
+
+    def __init__(self, session, max_hz: float = 4.0) -> None:
+        self.session = session
+        self.figure = _figure()
+        self.versions = widgets.HTML()
+        self.run_button = widgets.Button(description="Run", icon="play", tooltip="start / pause the background run")
+        self.step_button = widgets.Button(description="Step", icon="forward")
+        self.sync_button = widgets.Button(description="Sync weights", icon="refresh")
+        self.message = widgets.HTML()
+        self.run_button.on_click(lambda _: self._guard(self._toggle_run))
+        self.step_button.on_click(lambda _: self._guard(lambda: session.step(1)))
+        self.sync_button.on_click(lambda _: self._guard(session.sync))
+        buttons = widgets.HBox([self.run_button, self.step_button, self.sync_button])
+        self.widget = widgets.VBox([widgets.HBox([buttons, self.versions]), self.message, self.figure])
+        self.widget.add_class("forge-dashboard")
+        self._pending: list[dict[str, Any]] = []
+        self._lock = threading.Lock()
+        self._period = 1.0 / max_hz
+        self._closed = threading.Event()
+        for row in session.metrics_stream.rows("step"):
+            self._pending.append(row)
+        self._unsubscribe = session.metrics_stream.subscribe(self._on_row)
+        self.redraw()
+        threading.Thread(target=self._ticker, name="forge_nb-dashboard", daemon=True).start()
+
+    def _on_row(self, row: dict[str, Any]) -> None:
+        if row["kind"] in ("step", "sync", "train"):
+            with self._lock:
+                self._pending.append(row)
+
+    def _ticker(self) -> None:
+        while not self._closed.wait(self._period):
+            if not self.session.is_up:
+                self.close()
+            self.redraw()
+
+    def redraw(self) -> None:
+        """Draw queued rows (one batch update) and refresh the version line."""
+        with self._lock:
+            rows, self._pending = [r for r in self._pending if r["kind"] == "step"], []
+        if rows:
+            with self.figure.batch_update():
+                for trace in self.figure.data:
+                    trace.x = (*trace.x, *(r["step"] for r in rows))
+                    trace.y = (*trace.y, *(r[trace.meta] for r in rows))
+        self.versions.value = self._versions_html()
+        self.run_button.description = "Pause" if self._run_state() == "running" else "Run"
+
+    def _versions_html(self) -> str:
+        s = self.session
+        if not s.is_up:
+            return "<b>session down</b>"
+        trainer, generator = s.trainer_version, s.generator_version
+        run = s._run
+        state = self._run_state() or "idle"
+        error = f" <span style='color:#b00'>{run.error.splitlines()[0]}</span>" if run and run.error else ""
+        return (
+            f"<span class='forge-versions'>policy <b class='forge-policy-generator'>v{generator}</b> serving"
+            f" / v{trainer} trained (staleness {trainer - generator})"
+            f" &middot; reward v{s.registry.live('reward').version}"
+            f" &middot; loss v{s.registry.live('loss').version}"
+            f" &middot; step {s.step_count} &middot; {state}{error}</span>"
+        )
+
+    def _run_state(self) -> str | None:
+        run = self.session._run
+        return None if run is None else run.state
+
+    def _toggle_run(self) -> None:
+        state = self._run_state()
+        if state == "running":
+            self.session.pause()
+        elif state == "paused":
+            self.session.resume()
+        else:
+            self.session.run()
+
+    def _guard(self, action) -> None:
+        """Run a button's action; show its error in the dashboard instead of losing it."""
+        try:
+            action()
+            self.message.value = ""
+        except Exception as e:
+            self.message.value = f"<span style='color:#b00'>{type(e).__name__}: {e}</span>"
+        self.redraw()
+
+    def close(self) -> None:
+        self._closed.set()
+        self._unsubscribe()
+
+
+def _figure() -> go.FigureWidget:
+    fig = make_subplots(
+        rows=2, cols=2, horizontal_spacing=0.08, vertical_spacing=0.16,
+        subplot_titles=("reward and accuracy", "generated tokens/s", "time per phase (s)", "refresh GB/s"),
+    )  # fmt: skip
+    placement = {"mean_reward": (1, 1), "accuracy": (1, 1), "tokens_per_s": (1, 2), "refresh_gbps": (2, 2)}
+    placement.update({p: (2, 1) for p in PHASES})
+    for name in TRACES:
+        row, col = placement[name]
+        kwargs = {"stackgroup": "phases"} if name in PHASES else {}
+        fig.add_trace(go.Scatter(x=[], y=[], name=name.removesuffix("_s"), meta=name, mode="lines", **kwargs), row, col)
+    fig.update_layout(height=520, margin={"l": 40, "r": 10, "t": 40, "b": 30}, legend={"orientation": "h", "y": -0.08})
+    fig.update_xaxes(title_text="step", row=2)
+    return go.FigureWidget(fig)

@@ -1,0 +1,118 @@
+"""IPython magics: `%forge SUBCOMMAND ...` and the cells `%%forge reward` / `%%forge loss`.
+
+Every subcommand is a one-liner over the `Session` API; the session is the one started last in
+this kernel (`%forge up` or `forge_nb.up()` in a cell), and survives cell re-runs.
+"""
+
+from __future__ import annotations
+
+from IPython.core.magic import Magics, line_cell_magic, magics_class
+from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+
+from forge_nb.config import Config, ConfigError, parse_overrides
+from forge_nb.mesh import lifecycle
+
+SUBCOMMANDS = ("up", "status", "step", "run", "pause", "resume", "stop", "sync", "samples", "dashboard",
+               "versions", "eval", "down")  # fmt: skip
+
+
+class ForgeMagicError(ValueError):
+    """A magic used wrongly; the message says the right form."""
+
+
+@magics_class
+class ForgeMagics(Magics):
+    @line_cell_magic
+    def forge(self, line: str, cell: str | None = None):
+        """%forge up|status|step N|run [N]|pause|resume|stop|sync|samples N|dashboard|versions|eval|down
+        %%forge reward | %%forge loss  (the cell defines the function; it is validated and made live)"""
+        command, _, rest = line.strip().partition(" ")
+        if cell is not None:
+            return self._cell(command, rest, cell)
+        if command not in SUBCOMMANDS:
+            raise ForgeMagicError(f"%forge {command}: unknown subcommand; use one of {', '.join(SUBCOMMANDS)}")
+        return getattr(self, f"_{command}")(rest)
+
+    def _cell(self, kind: str, rest: str, cell: str):
+        if kind not in ("reward", "loss"):
+            raise ForgeMagicError(f"%%forge {kind}: a cell magic is %%forge reward or %%forge loss")
+        self.shell.run_cell(cell, store_history=False)  # the function is usable in the kernel too
+        session = _session()
+        version = (session.set_reward if kind == "reward" else session.set_loss)(cell)
+        print(f"{kind} v{version} is live (from the next batch)")
+        return None
+
+    @magic_arguments()
+    @argument("overrides", nargs="*", help="config fields, e.g. lr=1e-4 group_size=4")
+    @argument("--config", default=None, help="YAML config file")
+    def _up(self, rest: str):
+        args = parse_argstring(self._up, rest)
+        config = (Config.from_yaml(args.config) if args.config else Config()).updated(parse_overrides(args.overrides))
+        current = lifecycle.current()
+        if current is not None:
+            if current.config == config:
+                print("forge_nb: the session is already up; reusing it (%forge down to start afresh)")
+                return current
+            raise ConfigError("forge_nb: a session with another config is up; run %forge down first")
+        from forge_nb.session import Session
+
+        return Session.up(config)
+
+    def _status(self, rest: str):
+        return _session().status()
+
+    @magic_arguments()
+    @argument("n", nargs="?", type=int, default=1, help="steps")
+    def _step(self, rest: str):
+        return _session().step(parse_argstring(self._step, rest).n)
+
+    @magic_arguments()
+    @argument("steps", nargs="?", type=int, default=None, help="steps (default: until %%forge stop)")
+    def _run(self, rest: str):
+        run = _session().run(parse_argstring(self._run, rest).steps)
+        print(f"forge_nb: background run {run.state}; %forge pause / resume / stop")
+
+    def _pause(self, rest: str):
+        _session().pause()
+
+    def _resume(self, rest: str):
+        _session().resume()
+
+    def _stop(self, rest: str):
+        _session().stop()
+
+    def _sync(self, rest: str):
+        return _session().sync()
+
+    @magic_arguments()
+    @argument("n", nargs="?", type=int, default=16, help="how many recent samples")
+    def _samples(self, rest: str):
+        from forge_nb.notebook.tables import samples_table
+
+        return samples_table(_session(), parse_argstring(self._samples, rest).n)
+
+    def _dashboard(self, rest: str):
+        return _session().dashboard()
+
+    def _versions(self, rest: str):
+        return _session().versions()
+
+    def _eval(self, rest: str):
+        return _session().evaluate()
+
+    def _down(self, rest: str):
+        session = lifecycle.current()
+        if session is not None:
+            session.down()
+            print("forge_nb: every proc stopped")
+
+
+def _session():
+    session = lifecycle.current()
+    if session is None:
+        raise ForgeMagicError("forge_nb: no session is up; run %forge up first")
+    return session
+
+
+def load_ipython_extension(ipython) -> None:
+    ipython.register_magics(ForgeMagics)

@@ -1,0 +1,119 @@
+"""Every %forge magic in a real IPython kernel driven through jupyter_client."""
+
+import time
+
+import psutil
+import pytest
+from jupyter_client.manager import start_new_kernel
+
+UP = "%forge up prompts_per_step=4 group_size=4 threads_per_proc=1 timeout_s=2.0"
+
+
+class Kernel:
+    def __init__(self) -> None:
+        self.manager, self.client = start_new_kernel(kernel_name="python3")
+
+    def run(self, code: str, timeout: float = 120) -> tuple[str, dict]:
+        """Execute `code` -> (all text output, the reply content); fail on an error reply."""
+        texts: list[str] = []
+
+        def collect(msg):
+            content = msg["content"]
+            if msg["msg_type"] == "stream":
+                texts.append(content["text"])
+            elif msg["msg_type"] in ("execute_result", "display_data"):
+                texts.append(content["data"].get("text/plain", ""))
+            elif msg["msg_type"] == "error":
+                texts.append("\n".join(content["traceback"]))
+
+        reply = self.client.execute_interactive(code, timeout=timeout, output_hook=collect)
+        return "".join(texts), reply["content"]
+
+    def ok(self, code: str, timeout: float = 120) -> str:
+        text, content = self.run(code, timeout)
+        assert content["status"] == "ok", text
+        return text
+
+    @property
+    def pid(self) -> int:
+        return self.manager.provisioner.process.pid
+
+
+@pytest.fixture(scope="module")
+def kernel():
+    k = Kernel()
+    yield k
+    k.client.stop_channels()
+    k.manager.shutdown_kernel(now=True)
+
+
+def _descendants(pid: int) -> list[int]:
+    try:
+        return [p.pid for p in psutil.Process(pid).children(recursive=True) if p.status() != psutil.STATUS_ZOMBIE]
+    except psutil.NoSuchProcess:
+        return []
+
+
+def test_every_magic_runs(kernel):
+    kernel.ok("%load_ext forge_nb")
+    kernel.ok(UP)
+    assert "reusing it" in kernel.ok(UP)  # a second %forge up with the same config reuses the session
+    text, content = kernel.run("%forge up lr=0.1")
+    assert content["status"] == "error" and "another config is up; run %forge down first" in text
+    assert "'up': True" in kernel.ok("%forge status")
+    assert "mean_reward" in kernel.ok("%forge step 2")
+    assert "'skipped': True" in kernel.ok("%forge sync")  # step already synced
+    assert "completion" in kernel.ok("%forge samples 5")
+    out = kernel.ok(
+        "%%forge reward\ndef reward(prompt, completion, target, **context):\n    return float(len(completion) > 1)\n"
+    )
+    assert "reward v1 is live" in out
+    text, content = kernel.run("%%forge loss\ndef loss(logprobs, old_logprobs, advantages, mask):\n    return 1.0\n")
+    assert content["status"] == "error" and "loss v1 (cell" in text and "v0 stays live" in text
+    assert "rejected" in kernel.ok("%forge versions")
+    assert "heldout_accuracy" in kernel.ok("%forge eval")
+    assert "VBox" in kernel.ok("%forge dashboard")
+    text, content = kernel.run("%forge frobnicate")
+    assert content["status"] == "error" and "unknown subcommand" in text
+
+
+def test_background_run_advances_while_other_cells_execute(kernel):
+    kernel.ok("from forge_nb.mesh import lifecycle; s = lifecycle.current(); start = s.step_count")
+    kernel.ok("%forge run")
+    seen = []
+    for _ in range(20):  # other cells keep executing while the run steps
+        seen.append(int(kernel.ok("print(s.step_count - start)").strip()))
+        if seen[-1] >= 3:
+            break
+        time.sleep(0.3)
+    assert seen[-1] >= 3 and seen[0] < seen[-1]
+    kernel.ok("%forge pause")
+    time.sleep(1.0)
+    paused = int(kernel.ok("print(s.step_count)").strip())
+    time.sleep(0.8)
+    assert int(kernel.ok("print(s.step_count)").strip()) == paused
+    assert "paused" in kernel.ok("print(s.status()['run'])")
+    kernel.ok("%forge resume")
+    kernel.ok("%forge sync")  # works from another cell while the run goes on
+    kernel.ok("%forge stop")
+    assert "finished" in kernel.ok("print(s.status()['run'])")
+
+
+def test_down_then_kernel_shutdown_leave_no_process():
+    k = Kernel()
+    try:
+        k.ok("%load_ext forge_nb")
+        k.ok(UP)
+        assert len(_descendants(k.pid)) >= 3
+        k.ok("%forge down")
+        deadline = time.monotonic() + 10
+        while _descendants(k.pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert _descendants(k.pid) == []
+        k.ok(UP)  # up again after down; then shut the kernel down with the mesh still up
+        procs = [psutil.Process(p) for p in _descendants(k.pid)] + [psutil.Process(k.pid)]
+    finally:
+        k.client.stop_channels()
+        k.manager.shutdown_kernel(now=False)
+    gone, alive = psutil.wait_procs(procs, timeout=30)
+    assert alive == []
