@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench-overhead clean
+.PHONY: demo test lint system-deps bench-overhead clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -18,7 +18,11 @@ lint: $(STAMP)
 	$(BIN)/ruff check forge_nb tests benchmarks
 	$(BIN)/ruff format --check forge_nb tests benchmarks
 
-test: lint
+# Debian's Chromium for the JupyterLab browser test (Playwright cannot download its own here).
+system-deps:
+	@command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium >/dev/null)
+
+test: lint system-deps
 	$(BIN)/pytest
 
 bench-overhead: $(STAMP)

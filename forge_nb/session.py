@@ -33,6 +33,7 @@ from forge_nb.live.capture import LiveCode
 from forge_nb.live.probe import reward_probes
 from forge_nb.live.registry import Registry
 from forge_nb.mesh import lifecycle
+from forge_nb.mesh.calls import wait
 from forge_nb.mesh.local import LocalMesh
 from forge_nb.metrics import MetricsStream
 from forge_nb.rl.advantages import group_relative
@@ -93,7 +94,7 @@ class Session:
             # Registered after the spawns, so our exit hook runs before the ones Monarch adds there.
             lifecycle.register(self)
             self.pids = self._wait_ready()
-            self.generator.attach.call_one(self.trainer.weights_manifest.call_one().get()).get()
+            wait(self.generator.attach.call_one(wait(self.trainer.weights_manifest.call_one())))
         except Exception as e:
             self.down()
             raise SessionError(f"forge_nb: the mesh failed to start ({type(e).__name__}): {e}") from e
@@ -104,7 +105,7 @@ class Session:
         with tqdm(total=3, desc="forge_nb up: starting actors", leave=False) as bar:
             for role, mesh in (("generator", self.generator), ("trainer", self.trainer), ("reward", self.rewards)):
                 bar.set_postfix_str(role)
-                pids[role] = [pid for _, pid in mesh.pid.call().get().items()]
+                pids[role] = [pid for _, pid in wait(mesh.pid.call()).items()]
                 bar.update()
         return pids
 
@@ -155,9 +156,9 @@ class Session:
         self._require_up()
         problems = problems or self.task.sample(self.config.algorithm.prompts_per_step)
         sampling = self.sampling()
-        completions, policy_version, generate_s = self.generator.generate.call_one(
-            [p.prompt for p in problems], sampling
-        ).get()
+        completions, policy_version, generate_s = wait(
+            self.generator.generate.call_one([p.prompt for p in problems], sampling)
+        )
         episodes = self._episodes(problems, completions, policy_version)
         start = time.perf_counter()
         self._score(episodes)
@@ -180,7 +181,7 @@ class Session:
         shards = [slice(i * chunk, (i + 1) * chunk) for i in range(workers) if i * chunk < len(probes)]
         futures = [self.rewards.slice(procs=i).score.call_one(probes[shard]) for i, shard in enumerate(shards)]
         for shard, future in zip(shards, futures):
-            scores = future.get()
+            scores = wait(future)
             for i, e in enumerate(episodes[shard]):
                 e.reward_version = scores.reward_version
                 if i in scores.errors:
@@ -212,9 +213,9 @@ class Session:
         self._require_up()
         group = 4
         problems = self.task.eval_set()[: -(-n // group)]
-        completions, version, _ = self.generator.generate.call_one(
-            [p.prompt for p in problems], self.sampling(n=group)
-        ).get()
+        completions, version, _ = wait(
+            self.generator.generate.call_one([p.prompt for p in problems], self.sampling(n=group))
+        )
         episodes = self._episodes(problems, completions, version, probe=True)
         rewards = torch.tensor([self.task.verify(e.completion, e.target) for e in episodes])
         advantages = group_relative(rewards.view(len(problems), group)).flatten().tolist()
@@ -232,10 +233,10 @@ class Session:
         eps = [e for e in rollout.episodes if e.reward_error is None]
         if not eps:
             raise SessionError("forge_nb: every sample of this rollout failed its reward; nothing to train on")
-        metrics = self.trainer.train_step.call_one(
+        metrics = wait(self.trainer.train_step.call_one(
             [e.prompt_ids for e in eps], [e.completion_ids for e in eps],
             [e.logprobs for e in eps], [e.advantage for e in eps],
-        ).get()  # fmt: skip
+        ))  # fmt: skip
         self._trainer_version = metrics["policy_version"]
         for e in eps:
             e.loss_version = metrics["loss_version"]
@@ -254,7 +255,7 @@ class Session:
     def _sync(self) -> dict[str, Any]:
         self._require_up()
         start = time.perf_counter()
-        report = self.generator.refresh.call_one(self._trainer_version).get()
+        report = wait(self.generator.refresh.call_one(self._trainer_version))
         self._generator_version = report["version"]
         report = {**report, "total_seconds": time.perf_counter() - start}
         self.metrics_stream.emit("sync", step=self.step_count, **report)
@@ -317,7 +318,7 @@ class Session:
         self._require_up()
         problems = self.task.eval_set()
         sampling = SamplingParams(n=1, temperature=0.0, max_tokens=max_tokens or self.config.engine.max_tokens)
-        completions, version, seconds = self.generator.generate.call_one([p.prompt for p in problems], sampling).get()
+        completions, version, seconds = wait(self.generator.generate.call_one([p.prompt for p in problems], sampling))
         correct = [self.task.verify(c[0].text, p.target) for c, p in zip(completions, problems)]
         result = {"policy_version": version, "heldout_accuracy": sum(correct) / len(correct), "eval_s": seconds}
         self.metrics_stream.emit("eval", step=self.step_count, **result)
@@ -358,8 +359,8 @@ class Session:
         """(version, weights checksum) of the trainer and of the generator."""
         self._require_up()
         return {
-            "trainer": self.trainer.checksum.call_one().get(),
-            "generator": self.generator.checksum.call_one().get(),
+            "trainer": wait(self.trainer.checksum.call_one()),
+            "generator": wait(self.generator.checksum.call_one()),
         }
 
     def status(self) -> dict[str, Any]:
@@ -372,8 +373,8 @@ class Session:
             "procs": self.pids,
             "steps": self.step_count,
             "policy_version": {
-                "trainer": self.trainer.checksum.call_one().get()[0],
-                "generator": self.generator.checksum.call_one().get()[0],
+                "trainer": wait(self.trainer.checksum.call_one())[0],
+                "generator": wait(self.generator.checksum.call_one())[0],
             },  # fmt: skip
             "samples": self.buffer.added,
             "reward_version": self.registry.live("reward").version,

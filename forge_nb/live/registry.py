@@ -81,4 +81,7 @@ class Registry:
             for r in self.records
             if kind is None or r.kind == kind
         ]  # fmt: skip
-        return pd.DataFrame(rows)
+        df = pd.DataFrame(rows)
+        if not df.empty:
+            df["version"] = df["version"].astype("Int64")  # rejected candidates have none
+        return df

@@ -23,6 +23,7 @@ from forge_nb.live.validate import (
     validate_loss,
     validate_reward,
 )
+from forge_nb.mesh.calls import wait
 from forge_nb.rl.episode import Episode
 
 if TYPE_CHECKING:
@@ -99,9 +100,9 @@ def ship(session: Session, kind: str, code: LiveCode, version: int) -> None:
     """
     with session.lock:
         if kind == "reward":
-            session.rewards.set_reward.call(code, version).get()
+            wait(session.rewards.set_reward.call(code, version))
         else:
-            session.trainer.set_loss.call_one(code, version).get()
+            wait(session.trainer.set_loss.call_one(code, version))
 
 
 def probe_episodes(session: Session) -> list[Episode]:

@@ -6,6 +6,8 @@ from typing import Any
 
 from monarch.actor import ProcMesh, this_host
 
+from forge_nb.mesh.calls import wait
+
 
 class LocalMesh:
     """Spawns each role (generator, trainer, reward, ...) into its own procs on this host."""
@@ -24,7 +26,7 @@ class LocalMesh:
         errors = []
         for role, proc_mesh in reversed(list(self.proc_meshes.items())):
             try:
-                proc_mesh.stop().get()
+                wait(proc_mesh.stop())
             except Exception as e:  # keep stopping the others; report what failed
                 errors.append(f"{role}: {e}")
         self.proc_meshes.clear()

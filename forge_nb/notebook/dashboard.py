@@ -120,7 +120,11 @@ def _figure() -> go.FigureWidget:
     for name in TRACES:
         row, col = placement[name]
         kwargs = {"stackgroup": "phases"} if name in PHASES else {}
-        fig.add_trace(go.Scatter(x=[], y=[], name=name.removesuffix("_s"), meta=name, mode="lines", **kwargs), row, col)
+        if name == "accuracy":  # equals mean_reward under the built-in reward: keep both visible
+            kwargs["line"] = {"dash": "dot"}
+        label = name.removesuffix("_s") if name in PHASES else name
+        fig.add_trace(go.Scatter(x=[], y=[], name=label, meta=name, mode="lines", **kwargs), row, col)
     fig.update_layout(height=520, margin={"l": 40, "r": 10, "t": 40, "b": 30}, legend={"orientation": "h", "y": -0.08})
+    fig.update_xaxes(tickformat="d")
     fig.update_xaxes(title_text="step", row=2)
     return go.FigureWidget(fig)

@@ -1,0 +1,24 @@
+"""Waiting on Monarch futures from the kernel.
+
+A Jupyter kernel runs an asyncio loop on its main thread, and Monarch warns (on every call) when
+`Future.get()` blocks inside a running loop. The session's calls are synchronous by design -- a
+cell waits for its step -- so when a loop is running in this thread, the wait moves to a helper
+thread that has none; elsewhere (scripts, the background run) it is a plain `get()`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+_waiter = ThreadPoolExecutor(max_workers=4, thread_name_prefix="forge_nb-wait")
+
+
+def wait(future: Any) -> Any:
+    """The result of a Monarch `Future` (its exception is raised here)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return future.get()
+    return _waiter.submit(future.get).result()

@@ -1,0 +1,129 @@
+"""The dashboard in a real JupyterLab, in Debian's headless Chromium driven by Playwright."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import nbformat
+import psutil
+import pytest
+
+pytestmark = pytest.mark.slow
+
+CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]  # fmt: skip
+CELLS = [
+    "import forge_nb\n"
+    "s = forge_nb.up(prompts_per_step=4, group_size=4, threads_per_proc=1)\n"
+    "s.step(3)\n"
+    "s.train(s.rollout())  # trained but not synced: the generator is one version behind",
+    "s.dashboard()",
+]
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture
+def lab(tmp_path: Path):
+    """A JupyterLab server on loopback with the dashboard notebook; stopped (kernels too) after."""
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in CELLS])
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nbformat.write(nb, tmp_path / "dashboard.ipynb")
+    settings = tmp_path / "settings" / "@jupyterlab" / "apputils-extension"
+    settings.mkdir(parents=True)
+    # No "would you like to be notified about news" toast over the notebook.
+    (settings / "notification.jupyterlab-settings").write_text(json.dumps({"fetchNews": "false"}))
+    port, token = _free_port(), "forge-nb-test"
+    env = {
+        **os.environ,
+        "JUPYTERLAB_SETTINGS_DIR": str(tmp_path / "settings"),
+        "JUPYTER_RUNTIME_DIR": str(tmp_path / "rt"),
+    }
+    server = subprocess.Popen(
+        [sys.executable, "-m", "jupyter", "lab", "--no-browser", "--allow-root", "--ServerApp.ip=127.0.0.1",
+         f"--ServerApp.port={port}", f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={tmp_path}",
+         "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate"],
+        env=env, stdout=subprocess.DEVNULL, stderr=(tmp_path / "server.log").open("w"),
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            urllib.request.urlopen(f"{url}/api/status?token={token}", timeout=2)
+            break
+        except OSError:
+            time.sleep(0.5)
+    try:
+        yield f"{url}/lab/tree/dashboard.ipynb?token={token}", tmp_path
+    finally:
+        procs = [server, *(psutil.Process(server.pid).children(recursive=True))]
+        server.send_signal(signal.SIGINT)  # jupyter asks to confirm on the first ^C: the second stops it
+        time.sleep(0.5)
+        server.send_signal(signal.SIGINT)
+        _, alive = psutil.wait_procs([psutil.Process(p.pid) for p in procs if psutil.pid_exists(p.pid)], timeout=60)
+        for p in alive:
+            p.kill()
+        assert alive == [], f"left running after the server stopped: {alive}"
+
+
+def test_dashboard_renders_and_sync_button_bumps_the_served_version(lab):
+    from playwright.sync_api import expect, sync_playwright
+
+    url, tmp_path = lab
+    shot = Path(os.environ.get("FORGE_NB_SCREENSHOT", tmp_path / "dashboard.png"))
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=shutil.which("chromium"), args=CHROMIUM_FLAGS)
+        page = browser.new_page(viewport={"width": 1400, "height": 1100})
+        try:
+            _run_notebook_and_click_sync(page, url, expect)
+        finally:
+            page.screenshot(path=str(shot), full_page=True)  # looked at by a person, and kept on failure
+            browser.close()
+
+
+def _run_cells(page) -> None:
+    """Shift+Enter through the cells, as a person would. A notebook can show "Idle" a moment before
+    its kernel connection is up, and keystrokes sent then are dropped: retry until the first cell
+    is queued or running ("[*]") or done ("[1]")."""
+    first = page.locator(".jp-Cell").first.locator(".jp-InputPrompt")
+    for _ in range(20):
+        first.click()
+        for _ in CELLS:
+            page.keyboard.press("Shift+Enter")
+        try:
+            page.wait_for_function("el => el.textContent.trim() !== '[ ]:'", arg=first.element_handle(), timeout=3_000)
+            return
+        except Exception:  # not started: wait for the kernel connection and retry
+            page.wait_for_timeout(1_000)
+    raise AssertionError("the notebook never started executing its cells")
+
+
+def _run_notebook_and_click_sync(page, url: str, expect) -> None:
+    page.goto(url)
+    page.locator(".jp-Notebook").wait_for(timeout=60_000)
+    expect(page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']")).to_have_count(1, timeout=60_000)
+    _run_cells(page)
+    board = page.locator(".forge-dashboard")
+    version = board.locator(".forge-policy-generator")
+    expect(version).to_have_text("v3", timeout=120_000)  # 3 synced steps; v4 is trained, not synced
+    expect(board.locator(".js-plotly-plot")).to_have_count(1, timeout=60_000)
+    expect(board.locator(".js-plotly-plot .scatterlayer .trace")).not_to_have_count(0)
+    for name in ("Run", "Step", "Sync weights"):
+        expect(board.get_by_role("button", name=name)).to_be_visible()
+    board.get_by_role("button", name="Sync weights").click()
+    expect(version).to_have_text("v4", timeout=30_000)
+    expect(board.locator(".forge-versions")).to_contain_text("staleness 0")
+    board.scroll_into_view_if_needed()
