@@ -68,12 +68,14 @@ class EngineConfig:
 @dataclass
 class MeshConfig:
     kind: str = "local"
+    generator_procs: int = 1  # generator replicas: prompts are split over them; refreshes run in parallel
     reward_procs: int = 1
     threads_per_proc: int = 2  # torch intra-op threads in each actor proc (phases run one at a time)
 
     def validate(self) -> None:
         _choice("mesh.kind", self.kind, ("local",))
         _at_least("mesh.reward_procs", self.reward_procs, 1)
+        _at_least("mesh.generator_procs", self.generator_procs, 1)
         _at_least("mesh.threads_per_proc", self.threads_per_proc, 1)
 
 
@@ -98,6 +100,18 @@ class AlgorithmConfig:
 
 
 @dataclass
+class WeightsConfig:
+    transport: str = "auto"  # "auto": /dev/shm on the trainer's host, Monarch RDMA elsewhere; or "shm", "rdma"
+    chunk_mb: int = 16  # RDMA reads are split into chunks of this size, read in parallel
+    serve_dtype: str = "same"  # dtype the generator serves in ("same" as model.dtype, or "bfloat16", ...)
+
+    def validate(self) -> None:
+        _choice("weights.transport", self.transport, ("auto", "shm", "rdma"))
+        _at_least("weights.chunk_mb", self.chunk_mb, 1)
+        _choice("weights.serve_dtype", self.serve_dtype, ("same", "float32", "bfloat16", "float16"))
+
+
+@dataclass
 class LiveConfig:
     timeout_s: float = 5.0  # a reward or loss that takes longer on the probe batch (or a batch) is rejected
     probe_size: int = 16  # recent samples a candidate reward / loss is validated on
@@ -116,12 +130,18 @@ class Config:
     mesh: MeshConfig = field(default_factory=MeshConfig)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     live: LiveConfig = field(default_factory=LiveConfig)
+    weights: WeightsConfig = field(default_factory=WeightsConfig)
     seed: int = 0
 
     def validate(self) -> Config:
         for section in _SECTIONS:
             getattr(self, section).validate()
         return self
+
+    @property
+    def serve_dtype(self) -> str:
+        """The dtype generators serve in (weights are converted on publish)."""
+        return self.model.dtype if self.weights.serve_dtype == "same" else self.weights.serve_dtype
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -146,7 +166,7 @@ class Config:
         return new.validate()
 
 
-_SECTIONS = ("model", "task", "engine", "mesh", "algorithm", "live")
+_SECTIONS = ("model", "task", "engine", "mesh", "algorithm", "live", "weights")
 
 
 def _fields(section: str) -> dict[str, dataclasses.Field]:

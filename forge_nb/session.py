@@ -11,6 +11,7 @@ It reads like the training loop it drives::
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections.abc import Callable
@@ -85,16 +86,21 @@ class Session:
         self._mesh = mesh = LocalMesh()
         threads = cfg.mesh.threads_per_proc
         try:
-            self.generator = mesh.spawn("generator", Generator, model_dir, cfg.model.dtype, threads)
+            self.generator = mesh.spawn("generator", Generator, model_dir, cfg.serve_dtype, threads,
+                                        procs=cfg.mesh.generator_procs)  # fmt: skip
             self.trainer = mesh.spawn("trainer", Trainer, model_dir, cfg.model.dtype, threads, cfg.algorithm,
                                       self.tokenizer.pad_token_id, cfg.engine.temperature,
-                                      self.registry.live("loss").code)  # fmt: skip
+                                      self.registry.live("loss").code, cfg.serve_dtype,
+                                      cfg.weights.chunk_mb)  # fmt: skip
             self.rewards = mesh.spawn("reward", RewardWorker, self.registry.live("reward").code, 0,
                                       cfg.live.timeout_s, procs=cfg.mesh.reward_procs)  # fmt: skip
             # Registered after the spawns, so our exit hook runs before the ones Monarch adds there.
             lifecycle.register(self)
             self.pids = self._wait_ready()
-            wait(self.generator.attach.call_one(wait(self.trainer.weights_manifest.call_one())))
+            manifest = wait(self.trainer.weights_manifest.call_one())
+            transports = set(wait(self.generator.attach.call(manifest, cfg.weights.transport)).values())
+            self.weights_transport = "+".join(sorted(transports))
+            wait(self.trainer.unlink_shared_memory.call_one())
         except Exception as e:
             self.down()
             raise SessionError(f"forge_nb: the mesh failed to start ({type(e).__name__}): {e}") from e
@@ -121,6 +127,11 @@ class Session:
             board.close()
         mesh, self._mesh = self._mesh, None
         lifecycle.unregister(self)
+        if mesh is not None and hasattr(self, "trainer"):
+            try:  # normally done right after start; this covers a start that failed half-way
+                wait(self.trainer.unlink_shared_memory.call_one())
+            except Exception:
+                pass
         if mesh is not None:
             errors = mesh.stop()
             if errors:
@@ -156,9 +167,7 @@ class Session:
         self._require_up()
         problems = problems or self.task.sample(self.config.algorithm.prompts_per_step)
         sampling = self.sampling()
-        completions, policy_version, generate_s = wait(
-            self.generator.generate.call_one([p.prompt for p in problems], sampling)
-        )
+        completions, policy_version, generate_s = self._generate([p.prompt for p in problems], sampling)
         episodes = self._episodes(problems, completions, policy_version)
         start = time.perf_counter()
         self._score(episodes)
@@ -173,6 +182,29 @@ class Session:
         rollout = Rollout(episodes, policy_version, accuracy, generate_s, score_s)
         self.metrics_stream.emit("rollout", step=self.step_count, **rollout.summary())
         return rollout
+
+    def _generate(self, prompts: list[str], sampling: SamplingParams) -> tuple[list, int, float]:
+        """Split the prompts over the generator replicas -> (completions in prompt order, policy
+        version, seconds of the slowest replica). Replicas always serve the same version."""
+        replicas = self.config.mesh.generator_procs
+        chunk = -(-len(prompts) // replicas)
+        shards = [slice(i * chunk, (i + 1) * chunk) for i in range(replicas) if i * chunk < len(prompts)]
+        futures = [
+            self.generator.slice(procs=i).generate.call_one(prompts[shard], self._replica_sampling(sampling, i))
+            for i, shard in enumerate(shards)
+        ]
+        results = [wait(f) for f in futures]
+        versions = {version for _, version, _ in results}
+        if len(versions) != 1:
+            raise SessionError(f"forge_nb: generator replicas serve different policy versions {sorted(versions)}")
+        completions = [group for groups, _, _ in results for group in groups]
+        return completions, versions.pop(), max(seconds for _, _, seconds in results)
+
+    @staticmethod
+    def _replica_sampling(sampling: SamplingParams, replica: int) -> SamplingParams:
+        if sampling.seed is None or replica == 0:
+            return sampling
+        return dataclasses.replace(sampling, seed=sampling.seed + 7919 * replica)
 
     def _score(self, episodes: list[Episode]) -> None:
         """Split the batch evenly over the reward procs; fill in each episode's reward (or error)."""
@@ -213,9 +245,7 @@ class Session:
         self._require_up()
         group = 4
         problems = self.task.eval_set()[: -(-n // group)]
-        completions, version, _ = wait(
-            self.generator.generate.call_one([p.prompt for p in problems], self.sampling(n=group))
-        )
+        completions, version, _ = self._generate([p.prompt for p in problems], self.sampling(n=group))
         episodes = self._episodes(problems, completions, version, probe=True)
         rewards = torch.tensor([self.task.verify(e.completion, e.target) for e in episodes])
         advantages = group_relative(rewards.view(len(problems), group)).flatten().tolist()
@@ -255,7 +285,8 @@ class Session:
     def _sync(self) -> dict[str, Any]:
         self._require_up()
         start = time.perf_counter()
-        report = wait(self.generator.refresh.call_one(self._trainer_version))
+        reports = list(wait(self.generator.refresh.call(self._trainer_version)).values())
+        report = _combine_refresh_reports(reports)
         self._generator_version = report["version"]
         report = {**report, "total_seconds": time.perf_counter() - start}
         self.metrics_stream.emit("sync", step=self.step_count, **report)
@@ -318,7 +349,7 @@ class Session:
         self._require_up()
         problems = self.task.eval_set()
         sampling = SamplingParams(n=1, temperature=0.0, max_tokens=max_tokens or self.config.engine.max_tokens)
-        completions, version, seconds = wait(self.generator.generate.call_one([p.prompt for p in problems], sampling))
+        completions, version, seconds = self._generate([p.prompt for p in problems], sampling)
         correct = [self.task.verify(c[0].text, p.target) for c, p in zip(completions, problems)]
         result = {"policy_version": version, "heldout_accuracy": sum(correct) / len(correct), "eval_s": seconds}
         self.metrics_stream.emit("eval", step=self.step_count, **result)
@@ -360,7 +391,8 @@ class Session:
         self._require_up()
         return {
             "trainer": wait(self.trainer.checksum.call_one()),
-            "generator": wait(self.generator.checksum.call_one()),
+            "generator": wait(self.generator.slice(procs=0).checksum.call_one()),
+            "generator_replicas": list(wait(self.generator.checksum.call()).values()),
         }
 
     def status(self) -> dict[str, Any]:
@@ -374,9 +406,10 @@ class Session:
             "steps": self.step_count,
             "policy_version": {
                 "trainer": wait(self.trainer.checksum.call_one())[0],
-                "generator": wait(self.generator.checksum.call_one())[0],
+                "generator": wait(self.generator.slice(procs=0).checksum.call_one())[0],
             },  # fmt: skip
             "samples": self.buffer.added,
+            "weights_transport": getattr(self, "weights_transport", None),
             "reward_version": self.registry.live("reward").version,
             "loss_version": self.registry.live("loss").version,
             "run": None
@@ -410,3 +443,20 @@ class Session:
         """Score the last `n` samples with another reward (a function, source or version number),
         without touching the live one -> DataFrame of old and new rewards side by side."""
         return swap.rescore(self, reward, n)
+
+
+def _combine_refresh_reports(reports: list[dict]) -> dict:
+    """Replicas refresh in parallel: bytes add up, time is the slowest one's."""
+    versions = {r["version"] for r in reports}
+    if len(versions) != 1:
+        raise SessionError(f"forge_nb: generator replicas refreshed to different versions {sorted(versions)}")
+    if len(reports) == 1:
+        return reports[0]
+    seconds = max(r["seconds"] for r in reports)
+    total = sum(r["bytes"] for r in reports)
+    return {
+        **reports[0], "bytes": total, "seconds": seconds, "replicas": len(reports),
+        "transfer_seconds": max(r["transfer_seconds"] for r in reports),
+        "gbps": total / seconds / 1e9 if seconds > 0 else 0.0,
+        "skipped": all(r["skipped"] for r in reports),
+    }  # fmt: skip

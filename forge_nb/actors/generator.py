@@ -36,9 +36,11 @@ class Generator(Actor):
         return completions, self.version, time.perf_counter() - start
 
     @endpoint
-    async def attach(self, manifest: WeightManifest) -> None:
-        """Remember where the trainer publishes (once per session; refreshes then move only bytes)."""
-        self.receiver = WeightReceiver(manifest, version=self.version)
+    async def attach(self, manifest: WeightManifest, transport: str) -> str:
+        """Remember where the trainer publishes (once per session; refreshes then move only bytes)
+        -> the transport chosen ("shm" on the trainer's host, else "rdma")."""
+        self.receiver = WeightReceiver(manifest, version=self.version, transport=transport)
+        return self.receiver.transport
 
     @endpoint
     async def refresh(self, version: int) -> dict:

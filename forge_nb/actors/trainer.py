@@ -35,6 +35,8 @@ class Trainer(Actor):
         pad_id: int,
         temperature: float,
         loss: LiveCode,
+        serve_dtype: str,
+        chunk_mb: int,
     ) -> None:
         setup_proc(threads)
         torch.manual_seed(0)
@@ -44,7 +46,9 @@ class Trainer(Actor):
         self.loss_fn, self.loss_version = compile_function(loss), 0
         self.pad_id, self.temperature = pad_id, temperature
         self.version = 0
-        self.publisher = WeightPublisher(self.model.named_parameters(), self.version)
+        self.publisher = WeightPublisher(
+            self.model.named_parameters(), self.version, getattr(torch, serve_dtype), chunk_mb
+        )
 
     @endpoint
     def set_loss(self, code: LiveCode, version: int) -> int:
@@ -87,6 +91,11 @@ class Trainer(Actor):
     def weights_manifest(self) -> WeightManifest:
         """Layout and RDMA handle of the published snapshot (stable for the session)."""
         return self.publisher.manifest()
+
+    @endpoint
+    def unlink_shared_memory(self) -> None:
+        """Drop the /dev/shm names once every generator has mapped them (nothing can leak after)."""
+        self.publisher.unlink()
 
     @endpoint
     def logprobs(self, prompt_ids: list[list[int]], completion_ids: list[list[int]]) -> list[list[float]]:

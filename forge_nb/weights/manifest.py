@@ -1,8 +1,9 @@
-"""The layout of a published weight buffer, and how to checksum weights.
+"""The layout of published weight buffers, and how to checksum weights.
 
-A published buffer is flat bytes: a 64-byte header whose first 8 bytes hold the policy version
-(int64), then every tensor back to back, each 64-byte aligned. Readers check the header, so a
-generator always knows which version it actually copied.
+A trainer publishes into two buffers (double buffering: version v goes to buffer v % 2, so a
+reader of v is never overwritten by v + 1). Each buffer is flat bytes: a 64-byte header -- the
+policy version as int64 (-1 while being written), then a 64-bit nonce naming the publisher --
+followed by every tensor back to back, each 64-byte aligned.
 """
 
 from __future__ import annotations
@@ -15,11 +16,12 @@ from typing import Any
 import torch
 
 HEADER_BYTES = 64
+WRITING = -1  # header version while a publish is in progress
 
 
 @dataclass(frozen=True)
 class TensorSlot:
-    """Where one named tensor lives inside the flat buffer (offsets in bytes)."""
+    """Where one named tensor lives inside a flat buffer (offsets in bytes)."""
 
     name: str
     shape: tuple[int, ...]
@@ -30,23 +32,32 @@ class TensorSlot:
 
 @dataclass(frozen=True)
 class WeightManifest:
-    """Layout of a trainer's published buffer plus the handle readers copy it from.
+    """Everything a generator needs to pull versions from one trainer, handed over once.
 
-    `buffer` is a Monarch ``RDMABuffer`` over the trainer's flat snapshot (`nbytes` bytes). The
-    manifest is handed to a generator once; each refresh then moves only bytes.
+    `rdma[b]` holds Monarch ``RDMABuffer``s over buffer b: first its 64-byte header, then its
+    chunks in order (read in parallel). `shm_paths`, when set, name the same two buffers as files in
+    /dev/shm, which a reader on the same host (`host`) maps instead of going through RDMA.
     """
 
     slots: tuple[TensorSlot, ...]
     nbytes: int
-    buffer: Any
+    nonce: int
+    host: str
+    chunk_bytes: int
+    rdma: tuple[tuple[Any, ...], ...]
+    shm_paths: tuple[str, ...] | None
 
 
-def layout(named_tensors: Iterable[tuple[str, torch.Tensor]]) -> tuple[tuple[TensorSlot, ...], int]:
-    """Pack tensors after the header, each aligned to 64 bytes -> (slots, total bytes)."""
+def layout(
+    named_tensors: Iterable[tuple[str, torch.Tensor]], dtype: torch.dtype | None = None
+) -> tuple[tuple[TensorSlot, ...], int]:
+    """Pack tensors after the header, each aligned to 64 bytes -> (slots, total bytes).
+    With `dtype`, floating tensors are laid out in that dtype (e.g. bf16 serving of fp32 training)."""
     slots, offset = [], HEADER_BYTES
     for name, t in named_tensors:
-        nbytes = t.numel() * t.element_size()
-        slots.append(TensorSlot(name, tuple(t.shape), str(t.dtype).removeprefix("torch."), offset, nbytes))
+        out = dtype if dtype is not None and t.is_floating_point() else t.dtype
+        nbytes = t.numel() * torch.empty((), dtype=out).element_size()
+        slots.append(TensorSlot(name, tuple(t.shape), str(out).removeprefix("torch."), offset, nbytes))
         offset += -(-nbytes // 64) * 64
     return tuple(slots), offset
 
@@ -58,9 +69,9 @@ def views(flat: torch.Tensor, slots: Iterable[TensorSlot]) -> Iterator[tuple[str
         yield s.name, flat[s.offset : s.offset + s.nbytes].view(dtype).view(s.shape)
 
 
-def version_view(flat: torch.Tensor) -> torch.Tensor:
-    """The int64 version stored in the header of a flat buffer (a one-element view)."""
-    return flat[:8].view(torch.int64)
+def header(flat: torch.Tensor) -> torch.Tensor:
+    """[version, nonce] as an int64 view of a buffer's header."""
+    return flat[:16].view(torch.int64)
 
 
 def checksum(named_tensors: Iterable[tuple[str, torch.Tensor]]) -> str:
@@ -70,3 +81,14 @@ def checksum(named_tensors: Iterable[tuple[str, torch.Tensor]]) -> str:
         digest.update(name.encode())
         digest.update(t.detach().contiguous().cpu().view(torch.uint8).numpy().tobytes())
     return digest.hexdigest()[:16]
+
+
+def host_id() -> str:
+    """This machine's boot id: equal only for processes that can share /dev/shm memory."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+    except OSError:
+        import socket
+
+        return socket.gethostname()

@@ -1,49 +1,95 @@
-"""Trainer side of a weight refresh: snapshot the parameters into one registered flat buffer.
+"""Trainer side of a weight refresh: snapshot the parameters into one of two registered buffers.
 
-The buffer is allocated and registered with Monarch RDMA once; each publish copies the current
-parameters into it (a memcpy) and stamps the version in its header. Readers copy from the
-snapshot, never from live parameters, so the optimizer may step as soon as `publish` returns.
+Buffers are allocated once (in /dev/shm when available, so same-host readers can map them) and
+registered with Monarch RDMA in chunks. A publish copies the parameters (converting dtype if
+configured) into buffer `version % 2`: header set to WRITING, tensors copied, header set to the
+version. Readers copy from a snapshot, never from live parameters, so the optimizer may step as
+soon as `publish` returns; a reader of version v is safe until version v + 2 is published.
 """
 
 from __future__ import annotations
 
+import os
+import random
+import uuid
 import warnings
 from collections.abc import Iterable
+from pathlib import Path
 
 import torch
 
-from forge_nb.weights.manifest import WeightManifest, layout, version_view, views
+from forge_nb.weights.manifest import WRITING, WeightManifest, header, host_id, layout, views
+
+SHM_DIR = Path("/dev/shm")
 
 
 class WeightPublisher:
-    """Owns the flat snapshot of one model's parameters and its RDMA registration."""
+    """Owns the two flat snapshots of one model's parameters and their RDMA registrations."""
 
-    def __init__(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int = 0) -> None:
+    def __init__(
+        self,
+        named_tensors: Iterable[tuple[str, torch.Tensor]],
+        version: int = 0,
+        dtype: torch.dtype | None = None,
+        chunk_mb: int = 16,
+        use_shm: bool = True,
+    ) -> None:
         named = list(named_tensors)
-        self.slots, self.nbytes = layout(named)
-        self.flat = torch.zeros(self.nbytes, dtype=torch.uint8)
-        self._targets = dict(views(self.flat, self.slots))
-        self._buffer = None
+        self.slots, self.nbytes = layout(named, dtype)
+        self.nonce = random.getrandbits(62)
+        self.chunk_bytes = chunk_mb << 20
+        self.shm_paths = self._shm_paths() if use_shm else None
+        self.buffers = [self._allocate(i) for i in range(2)]
+        self._targets = [dict(views(b, self.slots)) for b in self.buffers]
+        self._rdma: tuple | None = None
+        for buffer in self.buffers:
+            header(buffer)[0] = WRITING  # no version until one is published there
         self.version: int | None = None
         self.publish(named, version)
 
+    def _shm_paths(self) -> tuple[str, str] | None:
+        if not SHM_DIR.is_dir() or not os.access(SHM_DIR, os.W_OK):
+            return None
+        stem = f"forge_nb-weights-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        return (str(SHM_DIR / f"{stem}-0"), str(SHM_DIR / f"{stem}-1"))
+
+    def _allocate(self, index: int) -> torch.Tensor:
+        if self.shm_paths is None:
+            return torch.zeros(self.nbytes, dtype=torch.uint8)
+        return torch.from_file(self.shm_paths[index], shared=True, size=self.nbytes, dtype=torch.uint8)
+
     @torch.no_grad()
     def publish(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
-        """Copy `named_tensors` into the snapshot and stamp it as `version`."""
+        """Copy `named_tensors` into buffer `version % 2` and stamp it as `version`."""
         if version == self.version:
             return
+        buffer, targets = self.buffers[version % 2], self._targets[version % 2]
+        stamp = header(buffer)
+        stamp[0] = WRITING
         for name, t in named_tensors:
-            self._targets[name].copy_(t)
-        version_view(self.flat).fill_(version)
+            targets[name].copy_(t)
+        stamp[1] = self.nonce
+        stamp[0] = version
         self.version = version
 
     def manifest(self) -> WeightManifest:
-        """The layout and the RDMA handle (registered on first use)."""
-        if self._buffer is None:
-            from monarch.rdma import RDMABuffer, RDMATcpFallbackWarning
+        """The layout and the handles readers pull from (RDMA registered on first use)."""
+        if self._rdma is None:
+            self._rdma = tuple(self._register(b) for b in self.buffers)
+        return WeightManifest(
+            self.slots, self.nbytes, self.nonce, host_id(), self.chunk_bytes, self._rdma, self.shm_paths
+        )
 
-            with warnings.catch_warnings():
-                # Without ibverbs Monarch moves the bytes over TCP; the refresh report shows the rate.
-                warnings.simplefilter("ignore", RDMATcpFallbackWarning)
-                self._buffer = RDMABuffer(self.flat)
-        return WeightManifest(self.slots, self.nbytes, self._buffer)
+    def _register(self, buffer: torch.Tensor) -> tuple:
+        from monarch.rdma import RDMABuffer, RDMATcpFallbackWarning
+
+        with warnings.catch_warnings():
+            # Without ibverbs Monarch moves the bytes over TCP; the refresh report shows the rate.
+            warnings.simplefilter("ignore", RDMATcpFallbackWarning)
+            chunks = [buffer[i : i + self.chunk_bytes] for i in range(0, self.nbytes, self.chunk_bytes)]
+            return (RDMABuffer(buffer[:64]), *(RDMABuffer(c) for c in chunks))
+
+    def unlink(self) -> None:
+        """Remove the /dev/shm names (mapped memory lives on until every mapping is gone)."""
+        for path in self.shm_paths or ():
+            Path(path).unlink(missing_ok=True)

@@ -1,18 +1,29 @@
-"""Generator side of a weight refresh: pull a published version over RDMA and load it."""
+"""Generator side of a weight refresh: pull a published version and load it.
+
+Transport is chosen once per receiver: a reader on the publisher's host maps the /dev/shm buffers
+and copies from them (memcpy speed); anywhere else it reads over Monarch RDMA, chunks in parallel.
+Either way the bytes land in a staging buffer and are checked before anything is loaded: the
+header must hold the requested version and the publisher's nonce both before and after the copy,
+so a version overwritten mid-read (the trainer two versions ahead) is refused, never half-loaded.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
-from forge_nb.weights.manifest import WeightManifest, version_view, views
+from forge_nb.weights.manifest import WeightManifest, header, host_id, views
+
+TRANSPORTS = ("auto", "shm", "rdma")
 
 
 class RefreshError(RuntimeError):
-    """The bytes read do not hold the version that was asked for."""
+    """The bytes read are not the version that was asked for; nothing was loaded."""
 
 
 @dataclass(frozen=True)
@@ -25,6 +36,7 @@ class RefreshReport:
     seconds: float
     transfer_seconds: float
     skipped: bool
+    transport: str
 
     @property
     def gbps(self) -> float:
@@ -35,28 +47,68 @@ class RefreshReport:
 
 
 class WeightReceiver:
-    """Tracks the version a generator serves and refreshes it from one publisher's buffer."""
+    """Tracks the version a generator serves and refreshes it from one publisher's buffers."""
 
-    def __init__(self, manifest: WeightManifest, version: int = 0) -> None:
+    def __init__(self, manifest: WeightManifest, version: int = 0, transport: str = "auto") -> None:
+        if transport not in TRANSPORTS:
+            raise ValueError(f"weights transport must be one of {TRANSPORTS}, got {transport!r}")
         self.manifest = manifest
         self.version = version
         self._staging = torch.empty(manifest.nbytes, dtype=torch.uint8)
+        self._mapped = self._map_shm() if transport in ("auto", "shm") else None
+        if transport == "shm" and self._mapped is None:
+            raise ValueError("weights transport 'shm' asked for, but the publisher's /dev/shm buffers are not here")
+        self.transport = "shm" if self._mapped is not None else "rdma"
+
+    def _map_shm(self) -> list[torch.Tensor] | None:
+        m = self.manifest
+        if m.shm_paths is None or m.host != host_id() or not all(Path(p).exists() for p in m.shm_paths):
+            return None
+        mapped = [torch.from_file(p, shared=True, size=m.nbytes, dtype=torch.uint8) for p in m.shm_paths]
+        # Same boot id but another /dev/shm (a container): the nonce tells.
+        return mapped if any(int(header(b)[1]) == m.nonce for b in mapped) else None
 
     async def refresh(self, version: int, load: Callable[[Iterable[tuple[str, torch.Tensor]]], None]) -> RefreshReport:
-        """Read the published buffer, check it holds `version`, then `load` the named views.
+        """Copy published `version`, check it, then `load` the named views of the copy.
 
         A refresh to the version already served moves nothing and reports ``skipped=True``.
         """
         previous = self.version
         if version == previous:
-            return RefreshReport(previous, previous, 0, 0.0, 0.0, True)
+            return RefreshReport(previous, previous, 0, 0.0, 0.0, True, self.transport)
         start = time.perf_counter()
-        await self.manifest.buffer.read_into(self._staging)
+        index = version % 2
+        after = await (self._copy_shm(index) if self._mapped is not None else self._copy_rdma(index))
         transferred = time.perf_counter()
-        found = int(version_view(self._staging).item())
-        if found != version:
-            raise RefreshError(f"asked for policy version {version}, the published buffer holds {found}")
+        self._check(version, header(self._staging), after)
         load(views(self._staging, self.manifest.slots))
         self.version = version
         end = time.perf_counter()
-        return RefreshReport(version, previous, self.manifest.nbytes, end - start, transferred - start, False)
+        return RefreshReport(
+            version, previous, self.manifest.nbytes, end - start, transferred - start, False, self.transport
+        )
+
+    async def _copy_shm(self, index: int) -> torch.Tensor:
+        source = self._mapped[index]
+        self._staging.copy_(source)
+        return header(source).clone()
+
+    async def _copy_rdma(self, index: int) -> torch.Tensor:
+        head, *chunks = self.manifest.rdma[index]
+        size = self.manifest.chunk_bytes
+        await asyncio.gather(
+            *(c.read_into(self._staging[i * size : i * size + c.size()]) for i, c in enumerate(chunks))
+        )
+        after = torch.empty(64, dtype=torch.uint8)
+        await head.read_into(after)
+        return header(after).clone()
+
+    def _check(self, version: int, before: torch.Tensor, after: torch.Tensor) -> None:
+        nonce = self.manifest.nonce
+        for what, stamp in (("at the start of the copy", before), ("at its end", after)):
+            found, found_nonce = int(stamp[0]), int(stamp[1])
+            if found_nonce != nonce or found != version:
+                raise RefreshError(
+                    f"asked for policy version {version}, the published buffer held version {found} {what} "
+                    f"(the trainer is 2+ versions ahead, or another publisher); nothing was loaded"
+                )

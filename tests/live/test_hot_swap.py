@@ -202,3 +202,24 @@ def test_a_swap_during_a_background_run_applies_at_the_next_batch_without_stoppi
     after = steps[steps.reward_version == v]
     assert len(after) > 0 and (after.reward == 0.25).all()
     s.set_reward(version=0)
+
+
+def test_an_exception_in_the_background_run_stops_it_and_shows_in_status(s):
+    s.rollout()
+    limit = s._next_sample_id
+    s.set_reward(
+        f"def reward(prompt, completion, target, **context):\n"
+        f"    if context['sample_id'] >= {limit}:\n"
+        f"        raise KeyError('no verifier for this prompt')\n"
+        f"    return 1.0\n"
+    )
+    before = s.checksums()
+    run = s.run()
+    run.wait(60)
+    status = s.status()
+    assert status["run"]["state"] == "failed"
+    assert "every sample of this rollout failed its reward" in status["run"]["error"]
+    assert status["last_reward_errors"][-1]["error"].startswith("raised KeyError: 'no verifier for this prompt'")
+    assert s.checksums() == before  # nothing was trained on
+    s.set_reward(version=0)
+    s.step(1)  # the session goes on after the failed run

@@ -1,26 +1,25 @@
+"""Publisher and receiver over real /dev/shm buffers (the RDMA path is covered with actors)."""
+
 import asyncio
 
 import pytest
 import torch
 
-from forge_nb.weights.manifest import WeightManifest, checksum
+from forge_nb.weights.manifest import WeightManifest, checksum, host_id
 from forge_nb.weights.publish import WeightPublisher
 from forge_nb.weights.refresh import RefreshError, WeightReceiver
 
 
-class LocalBuffer:
-    """Stands in for an RDMABuffer in this unit test: reads copy from a local tensor."""
-
-    def __init__(self, flat: torch.Tensor) -> None:
-        self.flat = flat
-
-    async def read_into(self, dst: torch.Tensor) -> None:
-        dst.copy_(self.flat)
-
-
 def _receiver(publisher: WeightPublisher) -> WeightReceiver:
-    manifest = WeightManifest(publisher.slots, publisher.nbytes, LocalBuffer(publisher.flat))
-    return WeightReceiver(manifest, version=0)
+    p = publisher
+    manifest = WeightManifest(p.slots, p.nbytes, p.nonce, host_id(), p.chunk_bytes, (), p.shm_paths)
+    receiver = WeightReceiver(manifest, version=0, transport="shm")
+    p.unlink()  # mapped on both sides: the names can go
+    return receiver
+
+
+def _load_into(target: dict):
+    return lambda named: target.update({n: t.clone() for n, t in named})
 
 
 def test_refresh_loads_the_published_version_and_skips_an_unchanged_one():
@@ -29,28 +28,54 @@ def test_refresh_loads_the_published_version_and_skips_an_unchanged_one():
     receiver, loaded = _receiver(publisher), {}
     weights["a"] += 1
     publisher.publish(weights.items(), version=1)
-    report = asyncio.run(receiver.refresh(1, lambda named: loaded.update({n: t.clone() for n, t in named})))
-    assert (report.version, report.previous_version, report.skipped) == (1, 0, False)
+    report = asyncio.run(receiver.refresh(1, _load_into(loaded)))
+    assert (report.version, report.previous_version, report.skipped, report.transport) == (1, 0, False, "shm")
     assert report.bytes == publisher.nbytes and report.gbps > 0
     assert checksum(loaded.items()) == checksum(weights.items())
     again = asyncio.run(receiver.refresh(1, lambda named: pytest.fail("an unchanged version must not load")))
     assert again.skipped and again.bytes == 0
 
 
-def test_refresh_refuses_bytes_of_another_version():
+def test_a_version_overwritten_before_the_read_is_refused_and_nothing_loads():
     publisher = WeightPublisher([("w", torch.zeros(2))], version=0)
     receiver = _receiver(publisher)
-    with pytest.raises(RefreshError, match="asked for policy version 5, the published buffer holds 0"):
-        asyncio.run(receiver.refresh(5, lambda named: None))
+    for v in (1, 2, 3):  # buffer 1 now holds v3: v1 is gone
+        publisher.publish([("w", torch.full((2,), float(v)))], version=v)
+    with pytest.raises(RefreshError, match="asked for policy version 1, the published buffer held version 3"):
+        asyncio.run(receiver.refresh(1, lambda named: pytest.fail("must not load")))
     assert receiver.version == 0
+    loaded = {}
+    asyncio.run(receiver.refresh(3, _load_into(loaded)))
+    assert torch.equal(loaded["w"], torch.full((2,), 3.0))
 
 
 def test_publish_is_a_snapshot_not_a_view_of_live_parameters():
     w = torch.zeros(3)
     publisher = WeightPublisher([("w", w)], version=0)
+    receiver = _receiver(publisher)
     w += 7
-    loaded = {}
     publisher.publish([("w", w)], version=1)
     w += 100  # the optimizer goes on; readers still see version 1
-    asyncio.run(_receiver(publisher).refresh(1, lambda named: loaded.update(dict(named))))
+    loaded = {}
+    asyncio.run(receiver.refresh(1, _load_into(loaded)))
     assert torch.equal(loaded["w"], torch.full((3,), 7.0))
+
+
+def test_serving_dtype_is_converted_on_publish():
+    w = torch.randn(5, dtype=torch.float32)
+    publisher = WeightPublisher([("w", w)], version=0, dtype=torch.bfloat16)
+    receiver, loaded = _receiver(publisher), {}
+    publisher.publish([("w", w)], version=1)
+    report = asyncio.run(receiver.refresh(1, _load_into(loaded)))
+    assert loaded["w"].dtype == torch.bfloat16 and torch.equal(loaded["w"], w.bfloat16())
+    assert report.bytes < 64 + 5 * 4 + 64
+
+
+def test_unlink_leaves_no_shared_memory_file():
+    from pathlib import Path
+
+    publisher = WeightPublisher([("w", torch.zeros(2))], version=0)
+    paths = [Path(p) for p in publisher.shm_paths]
+    assert all(p.exists() for p in paths)
+    publisher.unlink()
+    assert not any(p.exists() for p in paths)

@@ -1,0 +1,186 @@
+"""Weight refresh throughput, one run, side by side, for several model sizes (GB/s = 1e9 bytes/s):
+
+forge_nb (auto)   the product path between two procs: publish into the double buffer, pull, check,
+                  load into the receiver's tensors (same host -> /dev/shm mapping)
+forge_nb (rdma)   the same, forced over Monarch RDMABuffers, chunks read in parallel
+raw RDMABuffer    one RDMABuffer over the whole snapshot, one read_into (no load)
+gloo broadcast    torch.distributed gloo, 2 processes, one tensor of the same size
+memcpy            in-process tensor copy
+
+  python benchmarks/weight_refresh.py [--sizes-mb 16 256 1024]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+import warnings
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from monarch.actor import Actor, endpoint, this_host
+
+from forge_nb.mesh.calls import wait
+from forge_nb.weights.publish import WeightPublisher
+from forge_nb.weights.refresh import WeightReceiver
+
+TENSORS = 8  # the "model" is this many equal fp32 tensors
+
+
+def _named(size_bytes: int, fill: float) -> list[tuple[str, torch.Tensor]]:
+    n = size_bytes // 4 // TENSORS
+    return [(f"layer{i}.weight", torch.full((n,), fill)) for i in range(TENSORS)]
+
+
+class Publisher(Actor):
+    def __init__(self, size_bytes: int) -> None:
+        torch.set_num_threads(1)
+        self.named = _named(size_bytes, 1.0)
+        self.publisher = WeightPublisher(self.named, version=0)
+        self.version = 0
+
+    @endpoint
+    def manifest(self):
+        return self.publisher.manifest()
+
+    @endpoint
+    def step(self) -> int:
+        self.version += 1
+        self.publisher.publish(self.named, self.version)
+        return self.version
+
+    @endpoint
+    def raw_buffer(self):
+        from monarch.rdma import RDMABuffer
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return RDMABuffer(self.publisher.buffers[0])
+
+    @endpoint
+    def unlink(self) -> None:
+        self.publisher.unlink()
+
+
+class Receiver(Actor):
+    def __init__(self, size_bytes: int) -> None:
+        torch.set_num_threads(1)
+        self.params = dict(_named(size_bytes, 0.0))
+        self.receivers: dict[str, WeightReceiver] = {}
+        self.size = size_bytes
+
+    def _load(self, named) -> None:
+        for name, t in named:
+            self.params[name].copy_(t)
+
+    @endpoint
+    async def attach(self, manifest, transport: str) -> str:
+        self.receivers[transport] = WeightReceiver(manifest, 0, transport)
+        return self.receivers[transport].transport
+
+    @endpoint
+    async def refresh(self, transport: str, version: int) -> float:
+        report = await self.receivers[transport].refresh(version, self._load)
+        return report.seconds
+
+    @endpoint
+    async def raw_read(self, buffer) -> float:
+        dst = torch.empty(buffer.size(), dtype=torch.uint8)
+        start = time.perf_counter()
+        await buffer.read_into(dst)
+        return time.perf_counter() - start
+
+
+def _gloo_worker(rank: int, size_bytes: int, reps: int, port: int, out) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    t = torch.ones(size_bytes // 4) if rank == 0 else torch.zeros(size_bytes // 4)
+    dist.broadcast(t, src=0)  # warm-up
+    times = []
+    for _ in range(reps):
+        dist.barrier()
+        start = time.perf_counter()
+        dist.broadcast(t, src=0)
+        times.append(time.perf_counter() - start)
+    if rank == 1:
+        out.put(statistics.median(times))
+    dist.destroy_process_group()
+
+
+def gloo_seconds(size_bytes: int, reps: int) -> float:
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    port = 29500 + os.getpid() % 1000
+    procs = [ctx.Process(target=_gloo_worker, args=(r, size_bytes, reps, port, queue)) for r in range(2)]
+    for p in procs:
+        p.start()
+    result = queue.get(timeout=600)
+    for p in procs:
+        p.join()
+    return result
+
+
+def memcpy_seconds(size_bytes: int, reps: int) -> float:
+    src, dst = torch.ones(size_bytes // 4), torch.zeros(size_bytes // 4)
+    dst.copy_(src)
+    times = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        dst.copy_(src)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def mesh_seconds(size_bytes: int, reps: int) -> dict[str, float]:
+    pub_procs = this_host().spawn_procs(per_host={"procs": 1}, name="publisher")
+    rec_procs = this_host().spawn_procs(per_host={"procs": 1}, name="receiver")
+    try:
+        publisher = pub_procs.spawn("publisher", Publisher, size_bytes)
+        receiver = rec_procs.spawn("receiver", Receiver, size_bytes)
+        manifest = wait(publisher.manifest.call_one())
+        chosen = {t: wait(receiver.attach.call_one(manifest, t)) for t in ("auto", "rdma")}
+        out = {}
+        for transport in ("auto", "rdma"):
+            times = []
+            for _ in range(reps + 1):  # the first refresh warms up
+                version = wait(publisher.step.call_one())
+                times.append(wait(receiver.refresh.call_one(transport, version)))
+            out[f"forge_nb ({transport}->{chosen[transport]})"] = statistics.median(times[1:])
+        raw = wait(publisher.raw_buffer.call_one())
+        wait(receiver.raw_read.call_one(raw))
+        out["raw RDMABuffer"] = statistics.median(wait(receiver.raw_read.call_one(raw)) for _ in range(reps))
+        wait(publisher.unlink.call_one())
+        return out
+    finally:
+        wait(pub_procs.stop())
+        wait(rec_procs.stop())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes-mb", type=int, nargs="+", default=[16, 256, 1024])
+    args = parser.parse_args()
+    rows = []
+    for mb in args.sizes_mb:
+        size = mb << 20
+        reps = 5 if mb <= 64 else 3 if mb <= 256 else 2
+        seconds = mesh_seconds(size, reps)
+        seconds["gloo broadcast"] = gloo_seconds(size, reps)
+        seconds["memcpy"] = memcpy_seconds(size, reps)
+        rows.append((mb, {k: size / v / 1e9 for k, v in seconds.items()}))
+        print(f"measured {mb} MB", flush=True)
+    methods = list(rows[0][1])
+    print(f"\nweight refresh GB/s (median), 1 torch thread per process, {os.cpu_count()} cores\n")
+    print(f"{'size':>8}" + "".join(f"{m:>26}" for m in methods) + f"{'forge_nb/gloo':>15}")
+    for mb, gbps in rows:
+        ratio = gbps[methods[0]] / gbps["gloo broadcast"]
+        print(f"{mb:>6}MB" + "".join(f"{gbps[m]:>26.3f}" for m in methods) + f"{ratio:>14.2f}x")
+    print("\ngoal: forge_nb >= 1.0x gloo from 256 MB up")
+
+
+if __name__ == "__main__":
+    main()
