@@ -83,10 +83,10 @@ def main() -> None:
         plain_rows, mesh_rows = [], []
         for _ in range(args.warmup):
             plain.step(session.sampling())
-        session.step(args.warmup)
+        session.step(args.warmup, progress=False)
         for _ in range(args.blocks):
             plain_rows += [plain.step(session.sampling()) for _ in range(args.steps_per_block)]
-            mesh_rows += session.step(args.steps_per_block).to_dict("records")
+            mesh_rows += session.step(args.steps_per_block, progress=False).to_dict("records")
     finally:
         session.down()
     report(plain_rows, mesh_rows, config)

@@ -28,7 +28,7 @@ def demo(minutes: float, steps: int | None, every: int, config: Config) -> pd.Da
         print(f"held-out accuracy before: {before:.3f}")
         frames, deadline = [], time.perf_counter() + minutes * 60
         while (steps is None and time.perf_counter() < deadline) or (steps is not None and session.step_count < steps):
-            chunk = session.step(every if steps is None else min(every, steps - session.step_count))
+            chunk = session.step(every if steps is None else min(every, steps - session.step_count), progress=False)
             frames.append(chunk)
             _print_rows(chunk, header=len(frames) == 1)
         after = session.evaluate()["heldout_accuracy"]

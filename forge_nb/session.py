@@ -31,7 +31,7 @@ from forge_nb.engines.base import SamplingParams
 from forge_nb.live import swap
 from forge_nb.live.builtin import builtin_loss, builtin_reward
 from forge_nb.live.capture import LiveCode
-from forge_nb.live.probe import reward_probes
+from forge_nb.live.probe import reward_batch
 from forge_nb.live.registry import Registry
 from forge_nb.mesh import lifecycle
 from forge_nb.mesh.calls import wait
@@ -208,10 +208,10 @@ class Session:
 
     def _score(self, episodes: list[Episode]) -> None:
         """Split the batch evenly over the reward procs; fill in each episode's reward (or error)."""
-        workers, probes = self.config.mesh.reward_procs, reward_probes(episodes, self.step_count)
-        chunk = -(-len(probes) // workers)
-        shards = [slice(i * chunk, (i + 1) * chunk) for i in range(workers) if i * chunk < len(probes)]
-        futures = [self.rewards.slice(procs=i).score.call_one(probes[shard]) for i, shard in enumerate(shards)]
+        workers, batch = self.config.mesh.reward_procs, reward_batch(episodes, self.step_count)
+        chunk = -(-len(batch) // workers)
+        shards = [slice(i * chunk, (i + 1) * chunk) for i in range(workers) if i * chunk < len(batch)]
+        futures = [self.rewards.slice(procs=i).score.call_one(batch.shard(shard)) for i, shard in enumerate(shards)]
         for shard, future in zip(shards, futures):
             scores = wait(future)
             for i, e in enumerate(episodes[shard]):
@@ -292,10 +292,11 @@ class Session:
         self.metrics_stream.emit("sync", step=self.step_count, **report)
         return report
 
-    def step(self, n: int = 1) -> pd.DataFrame:
-        """n x (rollout, train, sync) -> one row per step (reward, accuracy, tokens/s, phase times, GB/s)."""
+    def step(self, n: int = 1, progress: bool = True) -> pd.DataFrame:
+        """n x (rollout, train, sync) -> one row per step (reward, accuracy, tokens/s, phase times, GB/s).
+        A progress bar shows from 5 steps on, unless `progress=False`."""
         rows = []
-        for _ in tqdm(range(n), desc="forge_nb step", disable=n < 5, leave=False):
+        for _ in tqdm(range(n), desc="forge_nb step", disable=n < 5 or not progress, leave=False):
             with self.lock:
                 rows.append(self._step())
         return pd.DataFrame(rows).set_index("step")

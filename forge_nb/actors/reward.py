@@ -9,7 +9,8 @@ from dataclasses import dataclass, field
 from monarch.actor import Actor, endpoint
 
 from forge_nb.live.capture import LiveCode, compile_function
-from forge_nb.live.validate import CheckFailed, RewardProbe, check_reward_value, describe_exception
+from forge_nb.live.probe import RewardBatch
+from forge_nb.live.validate import CheckFailed, check_reward_value, describe_exception
 
 
 @dataclass
@@ -34,12 +35,13 @@ class RewardWorker(Actor):
         return self.version
 
     @endpoint
-    def score(self, samples: list[RewardProbe]) -> Scores:
+    def score(self, batch: RewardBatch) -> Scores:
         """Score every sample; a sample the reward fails on is marked, never silently scored 0.
 
         The batch runs in a worker thread: past `timeout_s` x batch size the unscored samples are
         marked timed out and the actor answers (a hung thread cannot be killed; it stays detached).
         """
+        samples = list(batch.probes())
         scores = Scores([None] * len(samples), reward_version=self.version)
         fn, done = self.fn, threading.Event()
 
