@@ -5,7 +5,7 @@ It reads like the training loop it drives::
     s = Session.up()            # generator, trainer and reward actors in their own procs
     r = s.rollout()             # generate P x G samples, score them, group-relative advantages
     m = s.train(r)              # one GRPO step on the trainer; policy version v -> v + 1
-    w = s.sync()                # trainer publishes v + 1, generator pulls it over RDMA
+    w = s.sync()                # generator pulls v + 1 (/dev/shm on this host, Monarch RDMA across hosts)
     s.down()                    # every proc stopped
 """
 
@@ -321,6 +321,11 @@ class Session:
         return row
 
     # -- background run ------------------------------------------------------------------------
+
+    @property
+    def background(self) -> BackgroundRun | None:
+        """The latest background run (its `state`, `done` steps and `error`), if any."""
+        return self._run
 
     def run(self, steps: int | None = None) -> BackgroundRun:
         """Step in the background (`steps` steps, or until `stop()`); the kernel stays responsive.

@@ -72,7 +72,7 @@ class Dashboard:
         if not s.is_up:
             return "<b>session down</b>"
         trainer, generator = s.trainer_version, s.generator_version
-        run = s._run
+        run = s.background
         state = self._run_state() or "idle"
         error = f" <span style='color:#b00'>{run.error.splitlines()[0]}</span>" if run and run.error else ""
         return (
@@ -84,7 +84,7 @@ class Dashboard:
         )
 
     def _run_state(self) -> str | None:
-        run = self.session._run
+        run = self.session.background
         return None if run is None else run.state
 
     def _toggle_run(self) -> None:
