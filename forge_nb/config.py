@@ -84,7 +84,10 @@ class AlgorithmConfig:
     prompts_per_step: int = 32
     group_size: int = 8  # samples per prompt (G)
     lr: float = 5e-4
-    clip_eps: float = 0.2
+    loss: str = "grpo"  # built-in loss v0: "grpo", "dr_grpo", "dapo" or "aipo" (forge_nb.rl.losses)
+    clip_eps: float = 0.2  # ratio clip (the lower one for DAPO)
+    clip_high: float = 0.28  # DAPO's upper ratio clip
+    rho_max: float = 2.0  # AIPO's importance-weight truncation
     token_level: bool = False  # token-level loss normalisation instead of per-sequence
     normalize_std: bool = True  # divide advantages by the group std
     max_grad_norm: float = 1.0
@@ -94,7 +97,10 @@ class AlgorithmConfig:
         _at_least("algorithm.group_size", self.group_size, 2)
         if not self.lr > 0:
             raise ConfigError(f"algorithm.lr must be > 0, got {self.lr}")
+        _choice("algorithm.loss", self.loss, ("grpo", "dr_grpo", "dapo", "aipo"))
         _at_least("algorithm.clip_eps", self.clip_eps, 0.0)
+        _at_least("algorithm.clip_high", self.clip_high, 0.0)
+        _at_least("algorithm.rho_max", self.rho_max, 1.0)
         if not self.max_grad_norm > 0:
             raise ConfigError(f"algorithm.max_grad_norm must be > 0, got {self.max_grad_norm}")
 

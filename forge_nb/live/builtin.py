@@ -18,11 +18,17 @@ def builtin_reward(task: TaskConfig, seed: int) -> LiveCode:
 
 
 def builtin_loss(algorithm: AlgorithmConfig) -> LiveCode:
-    """The clipped GRPO loss with the configured options as loss v0."""
+    """The configured loss of the GRPO family (`algorithm.loss`) with its options, as loss v0."""
+    a = algorithm
+    options = {
+        "grpo": f"clip_eps={a.clip_eps}, token_level={a.token_level}",
+        "dr_grpo": f"clip_eps={a.clip_eps}",
+        "dapo": f"clip_low={a.clip_eps}, clip_high={a.clip_high}",
+        "aipo": f"rho_max={a.rho_max}",
+    }[a.loss]
     source = (
-        "from forge_nb.rl.losses import grpo_loss\n\n\n"
+        f"from forge_nb.rl.losses import {a.loss}_loss\n\n\n"
         "def loss(logprobs, old_logprobs, advantages, mask):\n"
-        f"    return grpo_loss(logprobs, old_logprobs, advantages, mask, clip_eps={algorithm.clip_eps}, "
-        f"token_level={algorithm.token_level})\n"
+        f"    return {a.loss}_loss(logprobs, old_logprobs, advantages, mask, {options})\n"
     )
-    return LiveCode("loss", "loss", source, "built-in: GRPO")
+    return LiveCode("loss", "loss", source, f"built-in: {a.loss}")

@@ -26,3 +26,19 @@ def group_relative(
     # Population std over the group (not unbiased), so a group of one gives 0 rather than NaN.
     std = ((centered**2).sum(dim=1, keepdim=True) / count).sqrt()
     return centered / (std + eps)
+
+
+def informative_groups(rewards: torch.Tensor) -> torch.Tensor:
+    """DAPO dynamic sampling: rewards [P, G] -> keep [P] bool, False for groups whose rewards are all
+    equal (their advantages are all 0, so they carry no gradient and only dilute the batch)."""
+    return (rewards.max(dim=1).values - rewards.min(dim=1).values) > 0
+
+
+def overlong_penalty(lengths: torch.Tensor, max_tokens: int, cache: int) -> torch.Tensor:
+    """DAPO soft overlong punishment, added to the reward: lengths [N] -> penalty [N] in [-1, 0].
+
+    0 up to ``max_tokens - cache`` tokens, then linear down to -1 at `max_tokens`, -1 beyond.
+    """
+    start = max_tokens - cache
+    ramp = (start - lengths.float()) / max(cache, 1)
+    return torch.where(lengths <= start, torch.zeros_like(ramp), ramp.clamp(min=-1.0))

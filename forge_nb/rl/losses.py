@@ -41,3 +41,75 @@ def grpo_loss(
         return masked_mean(per_token, mask)
     per_sequence = masked_mean(per_token, mask, dim=1)  # [B]
     return per_sequence.mean()
+
+
+def dr_grpo_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    clip_eps: float = 0.2,
+    max_tokens: int | None = None,
+) -> torch.Tensor:
+    """Dr.GRPO ("GRPO done right"): the clipped surrogate summed over tokens and divided by a
+    constant B x `max_tokens` (default: T), so long and short answers are not re-weighted by their
+    length. Pair it with advantages that are not divided by the group std -> scalar."""
+    adv = advantages[:, None] if advantages.dim() == 1 else advantages
+    ratio = torch.exp(logprobs - old_logprobs)
+    per_token = -torch.minimum(ratio * adv, ratio.clamp(1.0 - clip_eps, 1.0 + clip_eps) * adv)
+    return (per_token * mask).sum() / (mask.shape[0] * (max_tokens or mask.shape[1]))
+
+
+def dapo_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    clip_low: float = 0.2,
+    clip_high: float = 0.28,
+) -> torch.Tensor:
+    """DAPO: clip-higher (ratio clipped to [1 - clip_low, 1 + clip_high]) and token-level mean over
+    every generated token of the batch -> scalar. Dynamic sampling and the overlong penalty live in
+    `forge_nb.rl.advantages` (they act on groups and rewards, not on the loss)."""
+    adv = advantages[:, None] if advantages.dim() == 1 else advantages
+    ratio = torch.exp(logprobs - old_logprobs)
+    per_token = -torch.minimum(ratio * adv, ratio.clamp(1.0 - clip_low, 1.0 + clip_high) * adv)
+    return masked_mean(per_token, mask)
+
+
+def kl_k3(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
+    """Per-token k3 estimate of KL(policy || reference) [B, T]: ``exp(r) - r - 1`` with
+    ``r = ref_logprobs - logprobs``; non-negative, unbiased, low variance (Schulman's k3)."""
+    r = ref_logprobs - logprobs
+    return torch.exp(r) - r - 1.0
+
+
+def grpo_kl_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    ref_logprobs: torch.Tensor,
+    beta: float = 0.04,
+    clip_eps: float = 0.2,
+) -> torch.Tensor:
+    """The clipped GRPO surrogate plus `beta` x the k3 KL to a reference model, both averaged per
+    sequence then over sequences -> scalar."""
+    surrogate = grpo_loss(logprobs, old_logprobs, advantages, mask, clip_eps)
+    return surrogate + beta * masked_mean(kl_k3(logprobs, ref_logprobs), mask, dim=1).mean()
+
+
+def aipo_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    rho_max: float = 2.0,
+) -> torch.Tensor:
+    """AIPO-style off-policy correction for asynchronous training: the policy gradient weighted by
+    the importance ratio current / behaviour policy, truncated at `rho_max` and detached
+    (``-min(exp(lp - old_lp), rho) * A * lp``), token-level mean -> scalar. `old_logprobs` are the
+    behaviour policy's, i.e. those of the (possibly stale) generator that sampled the tokens."""
+    adv = advantages[:, None] if advantages.dim() == 1 else advantages
+    weight = torch.exp(logprobs - old_logprobs).clamp(max=rho_max).detach()
+    return masked_mean(-weight * adv * logprobs, mask)

@@ -20,3 +20,25 @@ def test_all_equal_group_gets_zero_advantage():
 def test_without_std_only_the_mean_is_removed():
     adv = group_relative(torch.tensor([[2.0, 0.0]]), normalize_std=False)
     assert torch.equal(adv, torch.tensor([[1.0, -1.0]]))
+
+
+def test_dynamic_sampling_drops_groups_whose_rewards_are_all_equal():
+    from forge_nb.rl.advantages import informative_groups
+
+    rewards = torch.tensor([[1.0, 1.0, 1.0], [0.0, 1.0, 0.0], [0.0, 0.0, 0.0]])
+    assert informative_groups(rewards).tolist() == [False, True, False]
+
+
+def test_overlong_penalty_ramps_from_zero_to_minus_one():
+    from forge_nb.rl.advantages import overlong_penalty
+
+    lengths = torch.tensor([4, 6, 7, 8, 9])
+    # max 8, cache 2: no penalty up to 6, -0.5 at 7, -1 at 8 and beyond
+    assert overlong_penalty(lengths, max_tokens=8, cache=2).tolist() == [0.0, 0.0, -0.5, -1.0, -1.0]
+
+
+def test_masked_group_relative_ignores_failed_samples():
+    rewards = torch.tensor([[1.0, 0.0, 5.0]])
+    valid = torch.tensor([[True, True, False]])
+    adv = group_relative(rewards, eps=0.0, valid=valid)
+    assert torch.allclose(adv, torch.tensor([[1.0, -1.0, 0.0]]))

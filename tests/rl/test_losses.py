@@ -47,3 +47,56 @@ def test_empty_mask_gives_zero_not_nan():
     loss.backward()
     assert torch.isfinite(logprobs.grad).all()
     assert masked_mean(torch.ones(3), torch.zeros(3)).item() == 0.0
+
+
+def test_dr_grpo_divides_by_a_constant_not_by_each_length():
+    from forge_nb.rl.losses import dr_grpo_loss
+
+    logprobs = torch.zeros(2, 4)
+    mask = torch.tensor([[1.0, 1.0, 1.0, 1.0], [1.0, 0.0, 0.0, 0.0]])
+    adv = torch.tensor([1.0, 1.0])
+    # on-policy: per token -A; sum = -5 over B x T = 8 tokens
+    assert math.isclose(dr_grpo_loss(logprobs, logprobs, adv, mask).item(), -5 / 8)
+    assert math.isclose(dr_grpo_loss(logprobs, logprobs, adv, mask, max_tokens=10).item(), -5 / 20)
+
+
+def test_dapo_clips_higher_above_than_below():
+    from forge_nb.rl.losses import dapo_loss
+
+    old = torch.zeros(1, 1)
+    up = torch.full((1, 1), math.log(2.0))  # ratio 2, positive advantage: clipped at 1 + 0.28
+    assert math.isclose(dapo_loss(up, old, torch.tensor([1.0]), torch.ones(1, 1)).item(), -1.28, rel_tol=1e-6)
+    down = torch.full((1, 1), math.log(0.5))  # ratio 0.5, negative advantage: clipped at 1 - 0.2
+    assert math.isclose(dapo_loss(down, old, torch.tensor([-1.0]), torch.ones(1, 1)).item(), 0.8, rel_tol=1e-6)
+
+
+def test_k3_is_zero_at_the_reference_and_matches_the_formula():
+    from forge_nb.rl.losses import kl_k3
+
+    lp = torch.tensor([[-1.0, -2.0]])
+    assert torch.equal(kl_k3(lp, lp), torch.zeros(1, 2))
+    r = 0.5
+    assert math.isclose(kl_k3(torch.tensor([[-1.0]]), torch.tensor([[-0.5]])).item(), math.exp(r) - r - 1, rel_tol=1e-6)
+
+
+def test_grpo_kl_adds_beta_times_the_sequence_mean_kl():
+    from forge_nb.rl.losses import grpo_kl_loss, kl_k3
+
+    lp = torch.tensor([[-1.0, -1.0]])
+    ref = torch.tensor([[-0.5, -1.0]])
+    mask = torch.ones(1, 2)
+    kl = kl_k3(lp, ref).mean().item()
+    loss = grpo_kl_loss(lp, lp, torch.tensor([1.0]), mask, ref, beta=0.1)
+    assert math.isclose(loss.item(), -1.0 + 0.1 * kl, rel_tol=1e-6)
+
+
+def test_aipo_truncates_the_importance_weight_and_detaches_it():
+    from forge_nb.rl.losses import aipo_loss
+
+    old = torch.zeros(1, 2)
+    lp = torch.tensor([[math.log(3.0), math.log(0.5)]], requires_grad=True)  # ratios 3 (-> 2) and 0.5
+    loss = aipo_loss(lp, old, torch.tensor([1.0]), torch.ones(1, 2), rho_max=2.0)
+    expected = -(2.0 * math.log(3.0) + 0.5 * math.log(0.5)) / 2
+    assert math.isclose(loss.item(), expected, rel_tol=1e-6)
+    loss.backward()
+    assert torch.allclose(lp.grad, torch.tensor([[-1.0, -0.25]]))  # -w * A / N, w not differentiated
