@@ -25,6 +25,7 @@ from transformers import AutoTokenizer
 from forge_nb.actors.generator import Generator
 from forge_nb.actors.reward import RewardWorker
 from forge_nb.actors.trainer import Trainer
+from forge_nb.async_run import AsyncRun
 from forge_nb.background import BackgroundRun
 from forge_nb.config import Config
 from forge_nb.engines.base import SamplingParams
@@ -67,8 +68,11 @@ class Session:
         self.registry.add_builtin("reward", builtin_reward(config.task, config.seed))
         self.registry.add_builtin("loss", builtin_loss(config.algorithm))
         self.reward_errors: list[dict] = []
-        # Held for a whole step (and by each phase): swaps, syncs and cells interleave only between batches.
-        self.lock = threading.RLock()
+        # The generator side (rollout, sync, reward swaps) and the trainer side (train, loss swaps) each
+        # hold their lock for a whole batch, so swaps and calls from cells land between batches; a
+        # synchronous step holds both, the async run lets the two sides overlap.
+        self.generation_lock = threading.RLock()
+        self.training_lock = threading.RLock()
         self._run: BackgroundRun | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -160,7 +164,7 @@ class Session:
 
     def rollout(self, problems: list[Problem] | None = None) -> Rollout:
         """Generate G samples for each of P prompts, score them, compute group-relative advantages."""
-        with self.lock:
+        with self.generation_lock:
             return self._rollout(problems)
 
     def _rollout(self, problems: list[Problem] | None) -> Rollout:
@@ -255,7 +259,7 @@ class Session:
 
     def train(self, rollout: Rollout) -> dict[str, float]:
         """One optimizer step on `rollout` -> metrics (loss, grad_norm, policy_version, train_s, ...)."""
-        with self.lock:
+        with self.training_lock:
             return self._train(rollout)
 
     def _train(self, rollout: Rollout) -> dict[str, float]:
@@ -279,7 +283,7 @@ class Session:
         The trainer publishes at the end of every `train`; this pulls that version. Report keys:
         version, previous_version, bytes, seconds, transfer_seconds, total_seconds, gbps, skipped.
         """
-        with self.lock:
+        with self.generation_lock:
             return self._sync()
 
     def _sync(self) -> dict[str, Any]:
@@ -297,7 +301,7 @@ class Session:
         A progress bar shows from 5 steps on, unless `progress=False`."""
         rows = []
         for _ in tqdm(range(n), desc="forge_nb step", disable=n < 5 or not progress, leave=False):
-            with self.lock:
+            with self.generation_lock, self.training_lock:
                 rows.append(self._step())
         return pd.DataFrame(rows).set_index("step")
 
@@ -323,18 +327,32 @@ class Session:
     # -- background run ------------------------------------------------------------------------
 
     @property
-    def background(self) -> BackgroundRun | None:
+    def background(self) -> BackgroundRun | AsyncRun | None:
         """The latest background run (its `state`, `done` steps and `error`), if any."""
         return self._run
 
-    def run(self, steps: int | None = None) -> BackgroundRun:
-        """Step in the background (`steps` steps, or until `stop()`); the kernel stays responsive.
-        Swaps, syncs and other calls from cells apply between steps."""
+    def run(self, steps: int | None = None, mode: str = "sync", max_staleness: int = 1) -> BackgroundRun | AsyncRun:
+        """Train in the background (`steps` trainer steps, or until `stop()`); the kernel stays
+        responsive and swaps, syncs and other calls from cells apply between batches.
+
+        mode="sync": step after step (rollout, train, sync). mode="async": generation and training
+        overlap; batches more than `max_staleness` policy versions old are dropped (see AsyncRun).
+        """
         self._require_up()
         if self._run is not None and self._run.state in ("running", "paused"):
             raise SessionError(f"forge_nb: a background run is already {self._run.state}; stop() it first")
-        self._run = BackgroundRun(lambda: self.step(1), steps).start()
+        if mode == "async":
+            self._run = AsyncRun(self, steps, max_staleness).start()
+        elif mode == "sync":
+            self._run = BackgroundRun(lambda: self.step(1, progress=False), steps).start()
+        else:
+            raise SessionError(f"forge_nb: run mode must be 'sync' or 'async', got {mode!r}")
         return self._run
+
+    def staleness(self) -> pd.Series:
+        """Histogram of trained batches by staleness (trainer version - generating version)."""
+        steps = self.metrics_stream.to_pandas("step")
+        return steps.staleness.value_counts().sort_index() if not steps.empty else pd.Series(dtype=int)
 
     def pause(self) -> None:
         """Pause the background run after the step in flight."""

@@ -96,9 +96,9 @@ def validate(session: Session, kind: str, code: LiveCode) -> dict:
 def ship(session: Session, kind: str, code: LiveCode, version: int) -> None:
     """Send source + version to every actor of `kind`; returns once each has compiled it.
 
-    Under the session lock, so a background run sees the swap between two batches, never inside one.
+    Under the lock of the side it changes, so a background run sees the swap between two batches.
     """
-    with session.lock:
+    with session.generation_lock if kind == "reward" else session.training_lock:
         if kind == "reward":
             wait(session.rewards.set_reward.call(code, version))
         else:
