@@ -13,23 +13,23 @@ from __future__ import annotations
 import queue
 import threading
 import time
-import traceback
 from collections import Counter
 from typing import TYPE_CHECKING
+
+from forge_nb.background import RunControl
 
 if TYPE_CHECKING:
     from forge_nb.rollout import Rollout
     from forge_nb.session import Session
 
 
-class AsyncRun:
-    """Same surface as `BackgroundRun` (state, done, error, pause/resume/stop/wait), plus sample
-    accounting: `produced` = trained + dropped + unconsumed, in samples."""
+class AsyncRun(RunControl):
+    """A `RunControl` with two threads, plus sample accounting:
+    `produced` = trained + dropped + unconsumed, in samples."""
 
     def __init__(self, session: Session, steps: int | None, max_staleness: int, queue_size: int = 1) -> None:
+        super().__init__()
         self.session, self.steps, self.max_staleness = session, steps, max_staleness
-        self.done = 0
-        self.error: str | None = None
         self.produced = self.trained = self.dropped = 0
         self.unconsumed: list[Rollout] = []
         self.trained_sample_ids: list[int] = []
@@ -38,27 +38,8 @@ class AsyncRun:
         # A batch is generated only once there is room for it: generating ahead of the queue would
         # only make batches stale (and dropped) by the time the trainer gets to them.
         self._room = threading.Semaphore(queue_size)
-        self._resume, self._stop = threading.Event(), threading.Event()
-        self._resume.set()
-        self._threads = [
-            threading.Thread(target=self._guarded(self._produce), name="forge_nb-async-generate", daemon=True),
-            threading.Thread(target=self._guarded(self._consume), name="forge_nb-async-train", daemon=True),
-        ]
-
-    def start(self) -> AsyncRun:
-        for t in self._threads:
-            t.start()
-        return self
-
-    def _guarded(self, loop):
-        def run() -> None:
-            try:
-                loop()
-            except Exception as e:
-                self.error = f"{threading.current_thread().name}: {type(e).__name__}: {e}\n{traceback.format_exc()}"
-                self._stop.set()
-
-        return run
+        self._thread(self._produce, "forge_nb-async-generate")
+        self._thread(self._consume, "forge_nb-async-train")
 
     def _produce(self) -> None:
         s = self.session
@@ -98,28 +79,9 @@ class AsyncRun:
             last = now
         self._stop.set()
 
-    @property
-    def state(self) -> str:
-        if any(t.is_alive() for t in self._threads):
-            return "paused" if not self._resume.is_set() else "running"
-        return "failed" if self.error else "finished"
-
-    def pause(self) -> None:
-        self._resume.clear()
-
-    def resume(self) -> None:
-        self._resume.set()
-
-    def stop(self, timeout: float | None = 60.0) -> None:
-        """Stop both sides after the batch each has in flight; queued batches become `unconsumed`."""
-        self._stop.set()
-        self._resume.set()
-        self.wait(timeout)
-
     def wait(self, timeout: float | None = None) -> None:
-        for t in self._threads:
-            if t is not threading.current_thread():
-                t.join(timeout)
+        """Block until both sides finish; batches still queued become `unconsumed`."""
+        super().wait(timeout)
         while not self._queue.empty():
             self.unconsumed.append(self._queue.get_nowait())
 

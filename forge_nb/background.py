@@ -1,7 +1,7 @@
-"""Background run: steps the session in a thread so the kernel stays responsive.
+"""Background runs: train in threads so the kernel stays responsive.
 
-Pause, resume and stop take effect at step boundaries. An exception in a step stops the run and
-is kept (`error`) for `status()` and the dashboard; it is never swallowed.
+Pause, resume and stop take effect at batch boundaries. An exception stops the run and is kept
+(`error`) for `status()` and the dashboard; it is never swallowed.
 """
 
 from __future__ import annotations
@@ -11,37 +11,38 @@ import traceback
 from collections.abc import Callable
 
 
-class BackgroundRun:
-    """Calls `step()` until `steps` steps are done (None: until stopped)."""
+class RunControl:
+    """What every background run shares: its threads, pause / resume / stop, state and error."""
 
-    def __init__(self, step: Callable[[], object], steps: int | None) -> None:
-        self._step, self.steps = step, steps
+    def __init__(self) -> None:
         self.done = 0
         self.error: str | None = None
-        self._resume = threading.Event()
+        self._resume, self._stop = threading.Event(), threading.Event()
         self._resume.set()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="forge_nb-run", daemon=True)
+        self._threads: list[threading.Thread] = []
 
-    def start(self) -> BackgroundRun:
-        self._thread.start()
-        return self
+    def _thread(self, loop: Callable[[], None], name: str) -> threading.Thread:
+        """A daemon thread running `loop`; an exception is recorded and stops the whole run."""
 
-    def _loop(self) -> None:
-        while not self._stop.is_set() and (self.steps is None or self.done < self.steps):
-            self._resume.wait()
-            if self._stop.is_set():
-                break
+        def run() -> None:
             try:
-                self._step()
+                loop()
             except Exception as e:
-                self.error = f"step {self.done + 1} failed: {type(e).__name__}: {e}\n{traceback.format_exc()}"
-                break
-            self.done += 1
+                self.error = f"{name}: {type(e).__name__}: {e}\n{traceback.format_exc()}"
+                self._stop.set()
+
+        thread = threading.Thread(target=run, name=name, daemon=True)
+        self._threads.append(thread)
+        return thread
+
+    def start(self):
+        for t in self._threads:
+            t.start()
+        return self
 
     @property
     def state(self) -> str:
-        if self._thread.is_alive():
+        if any(t.is_alive() for t in self._threads):
             return "paused" if not self._resume.is_set() else "running"
         return "failed" if self.error else "finished"
 
@@ -52,12 +53,33 @@ class BackgroundRun:
         self._resume.set()
 
     def stop(self, timeout: float | None = 60.0) -> None:
-        """Ask the loop to stop after the step in flight, and wait for it."""
+        """Ask the run to stop after the batch in flight, and wait for it."""
         self._stop.set()
         self._resume.set()
-        if self._thread is not threading.current_thread():
-            self._thread.join(timeout)
+        self.wait(timeout)
 
     def wait(self, timeout: float | None = None) -> None:
         """Block until the run finishes (or `timeout` s pass)."""
-        self._thread.join(timeout)
+        for t in self._threads:
+            if t is not threading.current_thread():
+                t.join(timeout)
+
+
+class BackgroundRun(RunControl):
+    """Calls `step()` until `steps` steps are done (None: until stopped)."""
+
+    def __init__(self, step: Callable[[], object], steps: int | None) -> None:
+        super().__init__()
+        self._step, self.steps = step, steps
+        self._thread(self._loop, "forge_nb-run")
+
+    def _loop(self) -> None:
+        while not self._stop.is_set() and (self.steps is None or self.done < self.steps):
+            self._resume.wait()
+            if self._stop.is_set():
+                break
+            try:
+                self._step()
+            except Exception as e:
+                raise RuntimeError(f"step {self.done + 1} failed: {type(e).__name__}: {e}") from e
+            self.done += 1

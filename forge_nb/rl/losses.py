@@ -18,6 +18,16 @@ def masked_mean(values: torch.Tensor, mask: torch.Tensor, dim: int | None = None
     return total / count.clamp(min=1.0)
 
 
+def clipped_surrogate(
+    logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor, low: float, high: float
+) -> torch.Tensor:
+    """Per-token PPO/GRPO objective, negated -> [B, T]:
+    ``ratio = exp(logprobs - old_logprobs)``; ``-min(ratio * A, clip(ratio, 1 - low, 1 + high) * A)``."""
+    adv = advantages[:, None] if advantages.dim() == 1 else advantages  # [B, 1] or [B, T]
+    ratio = torch.exp(logprobs - old_logprobs)
+    return -torch.minimum(ratio * adv, ratio.clamp(1.0 - low, 1.0 + high) * adv)
+
+
 def grpo_loss(
     logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,
@@ -33,10 +43,7 @@ def grpo_loss(
     Sequence-level (the GRPO paper): mean over each sequence's tokens, then over sequences.
     Token-level (`token_level=True`, DAPO): mean over all generated tokens of the batch.
     """
-    adv = advantages[:, None] if advantages.dim() == 1 else advantages  # [B, 1] or [B, T]
-    ratio = torch.exp(logprobs - old_logprobs)
-    clipped = ratio.clamp(1.0 - clip_eps, 1.0 + clip_eps)
-    per_token = -torch.minimum(ratio * adv, clipped * adv)
+    per_token = clipped_surrogate(logprobs, old_logprobs, advantages, clip_eps, clip_eps)
     if token_level:
         return masked_mean(per_token, mask)
     per_sequence = masked_mean(per_token, mask, dim=1)  # [B]
@@ -54,9 +61,7 @@ def dr_grpo_loss(
     """Dr.GRPO ("GRPO done right"): the clipped surrogate summed over tokens and divided by a
     constant B x `max_tokens` (default: T), so long and short answers are not re-weighted by their
     length. Pair it with advantages that are not divided by the group std -> scalar."""
-    adv = advantages[:, None] if advantages.dim() == 1 else advantages
-    ratio = torch.exp(logprobs - old_logprobs)
-    per_token = -torch.minimum(ratio * adv, ratio.clamp(1.0 - clip_eps, 1.0 + clip_eps) * adv)
+    per_token = clipped_surrogate(logprobs, old_logprobs, advantages, clip_eps, clip_eps)
     return (per_token * mask).sum() / (mask.shape[0] * (max_tokens or mask.shape[1]))
 
 
@@ -71,10 +76,7 @@ def dapo_loss(
     """DAPO: clip-higher (ratio clipped to [1 - clip_low, 1 + clip_high]) and token-level mean over
     every generated token of the batch -> scalar. Dynamic sampling and the overlong penalty live in
     `forge_nb.rl.advantages` (they act on groups and rewards, not on the loss)."""
-    adv = advantages[:, None] if advantages.dim() == 1 else advantages
-    ratio = torch.exp(logprobs - old_logprobs)
-    per_token = -torch.minimum(ratio * adv, ratio.clamp(1.0 - clip_low, 1.0 + clip_high) * adv)
-    return masked_mean(per_token, mask)
+    return masked_mean(clipped_surrogate(logprobs, old_logprobs, advantages, clip_low, clip_high), mask)
 
 
 def kl_k3(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
