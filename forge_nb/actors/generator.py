@@ -18,8 +18,9 @@ from forge_nb.weights.refresh import WeightReceiver
 class Generator(Actor):
     """Holds one engine over `model_dir`. Serves policy version 0 until the first refresh.
 
-    Every endpoint is async (Monarch forbids mixing) and runs on the actor's one loop, so a
-    refresh can never interleave with a `generate`: weights change only between batches.
+    Every endpoint is async (Monarch forbids mixing) and runs on the actor's one event loop.
+    `generate` never awaits, and a refresh loads the copied weights and bumps the version without
+    awaiting either, so weights and version change together and only between batches.
     """
 
     def __init__(self, model_dir: str, dtype: str, threads: int) -> None:
