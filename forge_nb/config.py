@@ -90,6 +90,8 @@ class AlgorithmConfig:
     rho_max: float = 2.0  # AIPO's importance-weight truncation
     token_level: bool = False  # token-level loss normalisation instead of per-sequence
     normalize_std: bool = True  # divide advantages by the group std
+    dynamic_sampling: bool = False  # DAPO: leave groups whose rewards are all equal out of the train batch
+    overlong_cache: int = 0  # DAPO soft overlong penalty over the last this-many tokens of engine.max_tokens (0: off)
     max_grad_norm: float = 1.0
 
     def validate(self) -> None:
@@ -101,6 +103,7 @@ class AlgorithmConfig:
         _at_least("algorithm.clip_eps", self.clip_eps, 0.0)
         _at_least("algorithm.clip_high", self.clip_high, 0.0)
         _at_least("algorithm.rho_max", self.rho_max, 1.0)
+        _at_least("algorithm.overlong_cache", self.overlong_cache, 0)
         if not self.max_grad_norm > 0:
             raise ConfigError(f"algorithm.max_grad_norm must be > 0, got {self.max_grad_norm}")
 

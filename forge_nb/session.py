@@ -38,7 +38,7 @@ from forge_nb.mesh import lifecycle
 from forge_nb.mesh.calls import wait
 from forge_nb.mesh.local import LocalMesh
 from forge_nb.metrics import MetricsStream
-from forge_nb.rl.advantages import group_relative
+from forge_nb.rl.advantages import group_relative, overlong_penalty
 from forge_nb.rl.episode import Episode
 from forge_nb.rl.replay import ReplayBuffer
 from forge_nb.rollout import Rollout
@@ -177,6 +177,8 @@ class Session:
         self._score(episodes)
         score_s = time.perf_counter() - start
         valid = torch.tensor([e.reward_error is None for e in episodes]).view(len(problems), sampling.n)
+        if self.config.algorithm.overlong_cache:
+            self._add_overlong_penalty([e for e in episodes if e.reward_error is None])
         rewards = torch.tensor([e.reward for e in episodes]).view(len(problems), sampling.n)
         advantages = group_relative(rewards, self.config.algorithm.normalize_std, valid=valid).flatten().tolist()
         for e, a in zip(episodes, advantages):
@@ -262,11 +264,41 @@ class Session:
         with self.training_lock:
             return self._train(rollout)
 
-    def _train(self, rollout: Rollout) -> dict[str, float]:
-        self._require_up()
+    def _add_overlong_penalty(self, episodes: list[Episode]) -> None:
+        """DAPO soft overlong punishment added to each reward (raw parts kept in `rewards`)."""
+        lengths = torch.tensor([e.num_tokens for e in episodes])
+        penalty = overlong_penalty(lengths, self.config.engine.max_tokens, self.config.algorithm.overlong_cache)
+        for e, p in zip(episodes, penalty.tolist()):
+            e.rewards = {"reward": e.reward, "overlong": p}
+            e.reward += p
+
+    def _train_batch(self, rollout: Rollout) -> list[Episode]:
+        """The episodes to train on: those that scored, minus all-equal groups under dynamic sampling."""
         eps = [e for e in rollout.episodes if e.reward_error is None]
         if not eps:
             raise SessionError("forge_nb: every sample of this rollout failed its reward; nothing to train on")
+        if not self.config.algorithm.dynamic_sampling:
+            return eps
+        groups: dict[int, set[float]] = {}
+        for e in eps:
+            groups.setdefault(e.group_id, set()).add(e.reward)
+        return [e for e in eps if len(groups[e.group_id]) > 1]
+
+    def _train(self, rollout: Rollout) -> dict[str, float]:
+        self._require_up()
+        eps = self._train_batch(rollout)
+        if not eps:  # dynamic sampling left nothing: no step, nothing published
+            metrics = {
+                "loss": 0.0,
+                "grad_norm": 0.0,
+                "tokens": 0,
+                "policy_version": self._trainer_version,
+                "loss_version": self.registry.live("loss").version,
+                "train_seconds": 0.0,
+                "skipped": True,
+            }
+            self.metrics_stream.emit("train", step=self.step_count, **metrics)
+            return metrics
         metrics = wait(self.trainer.train_step.call_one(
             [e.prompt_ids for e in eps], [e.completion_ids for e in eps],
             [e.logprobs for e in eps], [e.advantage for e in eps],

@@ -43,3 +43,23 @@ def test_bad_config_is_one_clear_error_and_starts_nothing(overrides, message):
     with pytest.raises(ConfigError, match=message):
         forge_nb.up(**overrides)
     assert child_processes() == []
+
+
+def test_dynamic_sampling_and_overlong_penalty_shape_the_train_batch():
+    s = forge_nb.up(prompts_per_step=6, group_size=4, threads_per_proc=1, dynamic_sampling=True,
+                    overlong_cache=3, max_tokens=4)  # fmt: skip
+    try:
+        r = s.rollout()
+        for e in r.episodes:
+            assert e.rewards["reward"] + e.rewards["overlong"] == pytest.approx(e.reward)
+            expected = 0.0 if e.num_tokens <= 1 else -min(1.0, (e.num_tokens - 1) / 3)
+            assert e.rewards["overlong"] == pytest.approx(expected)
+        by_group = {}
+        for e in r.episodes:
+            by_group.setdefault(e.group_id, set()).add(e.reward)
+        informative = [e for e in r.episodes if len(by_group[e.group_id]) > 1]
+        metrics = s.train(r)
+        assert metrics["tokens"] == sum(e.num_tokens for e in informative)
+    finally:
+        s.down()
+    assert wait_no_children() == []
