@@ -131,15 +131,16 @@ class Session:
             board.close()
         mesh, self._mesh = self._mesh, None
         lifecycle.unregister(self)
-        if mesh is not None and hasattr(self, "trainer"):
+        if mesh is None:
+            return
+        if hasattr(self, "trainer"):
             try:  # normally done right after start; this covers a start that failed half-way
                 wait(self.trainer.unlink_shared_memory.call_one())
             except Exception:
                 pass
-        if mesh is not None:
-            errors = mesh.stop()
-            if errors:
-                raise SessionError("forge_nb: some procs did not stop cleanly: " + "; ".join(errors))
+        errors = mesh.stop()
+        if errors:
+            raise SessionError("forge_nb: some procs did not stop cleanly: " + "; ".join(errors))
 
     def __enter__(self) -> Session:
         return self
@@ -192,9 +193,7 @@ class Session:
     def _generate(self, prompts: list[str], sampling: SamplingParams) -> tuple[list, int, float]:
         """Split the prompts over the generator replicas -> (completions in prompt order, policy
         version, seconds of the slowest replica). Replicas always serve the same version."""
-        replicas = self.config.mesh.generator_procs
-        chunk = -(-len(prompts) // replicas)
-        shards = [slice(i * chunk, (i + 1) * chunk) for i in range(replicas) if i * chunk < len(prompts)]
+        shards = _shards(len(prompts), self.config.mesh.generator_procs)
         futures = [
             self.generator.slice(procs=i).generate.call_one(prompts[shard], self._replica_sampling(sampling, i))
             for i, shard in enumerate(shards)
@@ -214,9 +213,8 @@ class Session:
 
     def _score(self, episodes: list[Episode]) -> None:
         """Split the batch evenly over the reward procs; fill in each episode's reward (or error)."""
-        workers, batch = self.config.mesh.reward_procs, reward_batch(episodes, self.step_count)
-        chunk = -(-len(batch) // workers)
-        shards = [slice(i * chunk, (i + 1) * chunk) for i in range(workers) if i * chunk < len(batch)]
+        batch = reward_batch(episodes, self.step_count)
+        shards = _shards(len(batch), self.config.mesh.reward_procs)
         futures = [self.rewards.slice(procs=i).score.call_one(batch.shard(shard)) for i, shard in enumerate(shards)]
         for shard, future in zip(shards, futures):
             scores = wait(future)
@@ -460,10 +458,7 @@ class Session:
             "mesh": self.config.mesh.kind,
             "procs": self.pids,
             "steps": self.step_count,
-            "policy_version": {
-                "trainer": wait(self.trainer.checksum.call_one())[0],
-                "generator": wait(self.generator.slice(procs=0).checksum.call_one())[0],
-            },  # fmt: skip
+            "policy_version": {"trainer": self.trainer_version, "generator": self.generator_version},
             "samples": self.buffer.added,
             "weights_transport": getattr(self, "weights_transport", None),
             "reward_version": self.registry.live("reward").version,
@@ -499,6 +494,12 @@ class Session:
         """Score the last `n` samples with another reward (a function, source or version number),
         without touching the live one -> DataFrame of old and new rewards side by side."""
         return swap.rescore(self, reward, n)
+
+
+def _shards(items: int, procs: int) -> list[slice]:
+    """Contiguous, nearly equal slices of `items` for up to `procs` procs (none empty)."""
+    chunk = -(-items // procs)
+    return [slice(i * chunk, (i + 1) * chunk) for i in range(procs) if i * chunk < items]
 
 
 def _combine_refresh_reports(reports: list[dict]) -> dict:

@@ -10,7 +10,7 @@ from monarch.actor import Actor, endpoint
 
 from forge_nb.live.capture import LiveCode, compile_function
 from forge_nb.live.probe import RewardBatch
-from forge_nb.live.validate import CheckFailed, check_reward_value, describe_exception
+from forge_nb.live.validate import score_each
 
 
 @dataclass
@@ -46,13 +46,7 @@ class RewardWorker(Actor):
         fn, done = self.fn, threading.Event()
 
         def run() -> None:
-            for i, s in enumerate(samples):
-                try:
-                    scores.rewards[i] = check_reward_value(fn(s.prompt, s.completion, s.target, **s.context))
-                except CheckFailed as e:
-                    scores.errors[i] = str(e)
-                except Exception as e:
-                    scores.errors[i] = describe_exception(e)
+            score_each(fn, samples, scores.rewards, scores.errors)
             done.set()
 
         threading.Thread(target=run, name="forge_nb-reward", daemon=True).start()

@@ -18,8 +18,8 @@ from forge_nb.live.capture import LiveCode, LiveCodeError, compile_function, fro
 from forge_nb.live.probe import loss_probe, reward_probes
 from forge_nb.live.validate import (
     CheckFailed,
-    check_reward_value,
     run_with_timeout,
+    score_each,
     validate_loss,
     validate_reward,
 )
@@ -126,23 +126,12 @@ def rescore(session: Session, reward: Callable | str | int, n: int) -> pd.DataFr
         fn, label = reward, getattr(reward, "__name__", "candidate")
     episodes = session.buffer.recent(n)
     probes = reward_probes(episodes, session.step_count)
-    new, errors = run_with_timeout(lambda: _score_each(fn, probes), timeout * max(1, len(probes)))
+    new, errors = [math.nan] * len(probes), {}
+    run_with_timeout(lambda: score_each(fn, probes, new, errors), timeout * max(1, len(probes)))
     df = pd.DataFrame([e.row() for e in episodes])[
         ["sample_id", "prompt", "completion", "target", "policy_version", "reward_version", "reward"]
     ]
-    df["new_reward"], df["new_error"] = new, errors
+    df["new_reward"], df["new_error"] = new, [errors.get(i) for i in range(len(probes))]
     df["delta"] = df["new_reward"] - df["reward"]
     df.attrs["new_reward"] = label
     return df
-
-
-def _score_each(fn: Callable, probes: list) -> tuple[list[float], list[str | None]]:
-    values, errors = [], []
-    for p in probes:
-        try:
-            values.append(check_reward_value(fn(p.prompt, p.completion, p.target, **p.context)))
-            errors.append(None)
-        except Exception as e:
-            values.append(math.nan)
-            errors.append(str(e) if isinstance(e, CheckFailed) else f"{type(e).__name__}: {e}")
-    return values, errors

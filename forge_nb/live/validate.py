@@ -86,6 +86,18 @@ def check_reward_value(value: Any) -> float:
     return value
 
 
+def score_each(fn: Callable, probes: list[RewardProbe], values: list, errors: dict[int, str]) -> None:
+    """Score every probe with `fn`, writing `values[i]` (a float) or `errors[i]` (why not) as it
+    goes, so a caller that gives up on a hung reward still sees what was done."""
+    for i, p in enumerate(probes):
+        try:
+            values[i] = check_reward_value(fn(p.prompt, p.completion, p.target, **p.context))
+        except CheckFailed as e:
+            errors[i] = str(e)
+        except Exception as e:
+            errors[i] = describe_exception(e)
+
+
 def validate_reward(fn: Callable, probes: list[RewardProbe], timeout: float) -> list[float]:
     """Rewards of every probe under `fn` -> list of floats; `CheckFailed` names the first bad sample."""
 
