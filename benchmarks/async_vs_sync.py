@@ -17,9 +17,9 @@ import time
 import forge_nb
 
 
-def measure(mode: str, seconds: float, async_threads: int) -> dict:
+def measure(mode: str, seconds: float, async_threads: int, engine: str) -> dict:
     overrides = {"threads_per_proc": 2} if mode == "sync" else {"threads_per_proc": async_threads, "loss": "aipo"}
-    s = forge_nb.up(**overrides)
+    s = forge_nb.up(engine=engine, **overrides)
     try:
         before = s.evaluate()["heldout_accuracy"]
         start = time.perf_counter()
@@ -44,9 +44,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--async-threads", type=int, default=1, help="torch threads per proc in async mode")
+    parser.add_argument("--engine", default="torch", choices=("torch", "vllm"), help="generation engine (both modes)")
     args = parser.parse_args()
-    results = {mode: measure(mode, args.seconds, args.async_threads) for mode in ("sync", "async")}
-    print(f"\nsame budget: {args.seconds:.0f} s each, bundled model, 32 prompts x 8 samples per batch\n")
+    results = {mode: measure(mode, args.seconds, args.async_threads, args.engine) for mode in ("sync", "async")}
+    print(f"\nsame budget: {args.seconds:.0f} s each, {args.engine} engine, bundled model, 32 prompts x 8 samples\n")
     print(f"{'mode':<7}{'steps':>7}{'samples/s':>11}{'dropped':>9}{'final reward':>14}{'held-out':>16}  staleness")
     for mode, r in results.items():
         heldout = f"{r['heldout_before']:.3f}->{r['heldout_after']:.3f}"

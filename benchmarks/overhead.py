@@ -75,7 +75,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2, help="torch threads, per process on both sides")
     args = parser.parse_args()
 
-    config = Config().updated({"threads_per_proc": args.threads})
+    config = Config().updated({"threads_per_proc": args.threads, "engine.name": "torch"})
     torch.set_num_threads(args.threads)
     plain = PlainLoop(config)
     session = forge_nb.up(config)

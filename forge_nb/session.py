@@ -15,6 +15,7 @@ import dataclasses
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pandas as pd
@@ -37,6 +38,7 @@ from forge_nb.live.registry import Registry
 from forge_nb.mesh import lifecycle
 from forge_nb.mesh.calls import wait
 from forge_nb.mesh.local import LocalMesh
+from forge_nb.mesh.slurm import SlurmError, SlurmMesh
 from forge_nb.metrics import MetricsStream
 from forge_nb.rl.advantages import group_relative, overlong_penalty
 from forge_nb.rl.episode import Episode
@@ -60,7 +62,7 @@ class Session:
                               eval_size=config.task.eval_size)  # fmt: skip
         self.step_count = 0
         self._next_sample_id = 0
-        self._mesh: LocalMesh | None = None
+        self._mesh: LocalMesh | SlurmMesh | None = None
         self._trainer_version = 0
         self._generator_version = 0
         self._dashboards: list = []
@@ -87,10 +89,12 @@ class Session:
     def _start(self) -> None:
         cfg, model_dir = self.config, str(self.config.model.resolved_path())
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
-        self._mesh = mesh = LocalMesh()
+        self._mesh = mesh = self._make_mesh()
         threads = cfg.mesh.threads_per_proc
         try:
+            self.engine_name = cfg.engine.resolved_name
             self.generator = mesh.spawn("generator", Generator, model_dir, cfg.serve_dtype, threads,
+                                        self.engine_name, self._engine_options(),
                                         procs=cfg.mesh.generator_procs)  # fmt: skip
             self.trainer = mesh.spawn("trainer", Trainer, model_dir, cfg.model.dtype, threads, cfg.algorithm,
                                       self.tokenizer.pad_token_id, cfg.engine.temperature,
@@ -109,12 +113,28 @@ class Session:
             self.down()
             raise SessionError(f"forge_nb: the mesh failed to start ({type(e).__name__}): {e}") from e
 
+    def _make_mesh(self) -> LocalMesh | SlurmMesh:
+        """This host's procs, or a Slurm job's nodes (submitted or attached; waits until it runs)."""
+        if self.config.mesh.kind == "local":
+            return LocalMesh()
+        try:
+            return SlurmMesh(self.config.slurm)
+        except SlurmError as e:
+            raise SessionError(f"forge_nb: the Slurm mesh failed to start: {e}") from None
+
+    def _engine_options(self) -> dict[str, Any]:
+        if self.engine_name != "vllm":
+            return {}
+        e = self.config.engine
+        return {"max_model_len": e.max_model_len or None, "seed": self.config.seed, "kv_cache_mb": e.kv_cache_mb,
+                "gpu_memory_utilization": e.gpu_memory_utilization}  # fmt: skip
+
     def _wait_ready(self) -> dict[str, list[int]]:
         """Ask every actor for its pid: returns once each constructor has finished (or raises its error)."""
         pids = {}
         with tqdm(total=3, desc="forge_nb up: starting actors", leave=False) as bar:
             for role, mesh in (("generator", self.generator), ("trainer", self.trainer), ("reward", self.rewards)):
-                bar.set_postfix_str(role)
+                bar.set_postfix_str(f"generator ({self.engine_name} engine)" if role == "generator" else role)
                 pids[role] = [pid for _, pid in wait(mesh.pid.call()).items()]
                 bar.update()
         return pids
@@ -440,8 +460,27 @@ class Session:
         """Every metrics row so far (all kinds) as a DataFrame."""
         return self.metrics_stream.to_pandas()
 
+    def save_checkpoint(self, path: str | Path) -> int:
+        """Write the trainer's current weights and the tokenizer as an HF model directory -> version."""
+        self._require_up()
+        with self.training_lock:
+            version = wait(self.trainer.save.call_one(str(path)))
+        self.tokenizer.save_pretrained(str(path))
+        return version
+
+    def export(self, path: str | Path, steps: int = 100) -> Path:
+        """Write a standalone script + sbatch file that reproduce this session (config, current
+        weights, live reward and loss) without a notebook -> the directory. See `forge_nb.export`."""
+        from forge_nb.export import export_session
+
+        self._require_up()
+        return export_session(self, path, steps)
+
     def checksums(self) -> dict[str, tuple[int, str]]:
-        """(version, weights checksum) of the trainer and of the generator."""
+        """(version, weights checksum) of the trainer and of the generator. With the torch engine the
+        generator's equals the trainer's after a sync. vLLM serves its own fused, repacked layout: its
+        checksum is equal across replicas and changes with every refresh, but is not the trainer's
+        (`tests/engines/test_vllm_engine.py` proves a refresh by matching logprobs instead)."""
         self._require_up()
         return {
             "trainer": wait(self.trainer.checksum.call_one()),
@@ -456,11 +495,13 @@ class Session:
         return {
             "up": True,
             "mesh": self.config.mesh.kind,
+            "slurm_job": getattr(self._mesh, "job_id", None),
             "procs": self.pids,
             "steps": self.step_count,
             "policy_version": {"trainer": self.trainer_version, "generator": self.generator_version},
             "samples": self.buffer.added,
             "weights_transport": getattr(self, "weights_transport", None),
+            "engine": self.engine_name,
             "reward_version": self.registry.live("reward").version,
             "loss_version": self.registry.live("loss").version,
             "run": None

@@ -8,22 +8,22 @@ import psutil
 import pytest
 
 
-def child_processes() -> list[psutil.Process]:
-    """Live (non-zombie) descendants of this test process."""
+def child_processes(exclude: frozenset[int] = frozenset()) -> list[psutil.Process]:
+    """Live (non-zombie) descendants of this test process, but for the pids in `exclude`."""
     alive = []
     for p in psutil.Process().children(recursive=True):
         try:
-            if p.status() != psutil.STATUS_ZOMBIE:
+            if p.status() != psutil.STATUS_ZOMBIE and p.pid not in exclude:
                 alive.append(p)
         except psutil.NoSuchProcess:
             pass
     return alive
 
 
-def wait_no_children(timeout: float = 10.0) -> list[psutil.Process]:
-    """Wait up to `timeout` s for every descendant to exit -> those still alive."""
+def wait_no_children(timeout: float = 10.0, exclude: frozenset[int] = frozenset()) -> list[psutil.Process]:
+    """Wait up to `timeout` s for every descendant (but `exclude`) to exit -> those still alive."""
     deadline = time.monotonic() + timeout
-    while (left := child_processes()) and time.monotonic() < deadline:
+    while (left := child_processes(exclude)) and time.monotonic() < deadline:
         time.sleep(0.1)
     return left
 
@@ -37,3 +37,14 @@ def session():
     yield s
     s.down()
     assert wait_no_children() == []
+
+
+@pytest.fixture(scope="module")
+def slurm(tmp_path_factory):
+    """A real one-node Slurm (munge, slurmctld, slurmd), installed if missing, stopped after the module
+    (its daemons are this process's children: other modules' no-process-left checks must not see them)."""
+    from tests.slurm_cluster import LocalSlurm
+
+    cluster = LocalSlurm(tmp_path_factory.mktemp("slurm")).start()
+    yield cluster
+    cluster.stop()

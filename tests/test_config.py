@@ -54,3 +54,24 @@ def test_yaml_round_trip(tmp_path: Path):
     config = Config.from_yaml(path)
     assert (config.algorithm.lr, config.algorithm.group_size, config.seed) == (0.001, 4, 3)
     assert Config.from_dict(config.to_dict()) == config
+
+
+def test_engine_shorthand_and_auto_resolution(monkeypatch):
+    import forge_nb.engines as engines
+
+    assert Config().updated({"engine": "torch"}).engine.name == "torch"
+    monkeypatch.setenv("FORGE_NB_ENGINE", "torch")
+    assert Config().engine.resolved_name == "torch"
+    monkeypatch.delenv("FORGE_NB_ENGINE")
+    monkeypatch.setattr(engines, "vllm_available", lambda: False)
+    assert Config().engine.resolved_name == "torch"
+    monkeypatch.setattr(engines, "vllm_available", lambda: True)
+    assert Config().engine.resolved_name == "vllm"
+
+
+def test_vllm_asked_for_but_not_installed_says_how_to_install(monkeypatch):
+    import forge_nb.engines as engines
+
+    monkeypatch.setattr(engines, "vllm_available", lambda: False)
+    with pytest.raises(ConfigError, match=r"engine.name='vllm' but vLLM is not installed: pip install"):
+        Config().updated({"engine.name": "vllm"})

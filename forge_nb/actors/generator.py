@@ -9,8 +9,8 @@ import torch
 from monarch.actor import Actor, endpoint
 
 from forge_nb.actors import setup_proc
+from forge_nb.engines import load_engine
 from forge_nb.engines.base import Completion, SamplingParams
-from forge_nb.engines.torch_engine import TorchEngine
 from forge_nb.weights.manifest import WeightManifest, checksum
 from forge_nb.weights.refresh import WeightReceiver
 
@@ -23,9 +23,13 @@ class Generator(Actor):
     awaiting either, so weights and version change together and only between batches.
     """
 
-    def __init__(self, model_dir: str, dtype: str, threads: int) -> None:
+    def __init__(
+        self, model_dir: str, dtype: str, threads: int, engine: str = "torch", engine_options: dict | None = None
+    ) -> None:
         setup_proc(threads)
-        self.engine = TorchEngine.load(model_dir, getattr(torch, dtype))
+        start = time.perf_counter()
+        self.engine = load_engine(engine, model_dir, getattr(torch, dtype), **(engine_options or {}))
+        self.engine_name, self.start_s = engine, time.perf_counter() - start
         self.receiver: WeightReceiver | None = None
         self.version = 0
 
@@ -35,6 +39,13 @@ class Generator(Actor):
         start = time.perf_counter()
         completions = self.engine.generate(prompts, sampling)
         return completions, self.version, time.perf_counter() - start
+
+    @endpoint
+    async def score(
+        self, prompt_ids: list[list[int]], completion_ids: list[list[int]]
+    ) -> tuple[list[list[float]], int]:
+        """-> (teacher-forced logprobs at temperature 1 from the served weights, policy version)."""
+        return self.engine.score(prompt_ids, completion_ids), self.version
 
     @endpoint
     async def attach(self, manifest: WeightManifest, transport: str) -> str:
@@ -57,3 +68,8 @@ class Generator(Actor):
     @endpoint
     async def pid(self) -> int:
         return os.getpid()
+
+    @endpoint
+    async def engine_info(self) -> dict:
+        """-> {"engine": name, "start_s": seconds the engine took to start (warm-up included)}."""
+        return {"engine": self.engine_name, "start_s": self.start_s}

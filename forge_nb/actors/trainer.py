@@ -109,6 +109,12 @@ class Trainer(Actor):
         ]
 
     @endpoint
+    def save(self, path: str) -> int:
+        """Write the current weights as an HF model directory (config.json + safetensors) -> version."""
+        self.model.save_pretrained(path)
+        return self.version
+
+    @endpoint
     def checksum(self) -> tuple[int, str]:
         return self.version, checksum(self.model.named_parameters())
 

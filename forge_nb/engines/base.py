@@ -17,13 +17,18 @@ import torch
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """How to sample. ``temperature == 0`` means greedy; `max_tokens` counts generated tokens."""
+    """How to sample. ``temperature == 0`` means greedy; `max_tokens` counts generated tokens.
+
+    `stop`: strings that end a completion (finish_reason "stop"); the completion keeps the tokens up
+    to the one that completes the string, its `text` ends before the string.
+    """
 
     n: int = 1
     temperature: float = 1.0
     top_p: float = 1.0
     max_tokens: int = 8
     seed: int | None = None
+    stop: tuple[str, ...] = ()
 
 
 @dataclass
@@ -46,10 +51,20 @@ class Engine(Protocol):
         """`sampling.n` completions for every prompt: result[i][j] is sample j of prompt i."""
         ...
 
+    def score(self, prompt_ids: list[list[int]], completion_ids: list[list[int]]) -> list[list[float]]:
+        """Teacher-forced logprobs (temperature 1) of each completion's tokens after its prompt."""
+        ...
+
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Replace the served weights (HF parameter names) in place, without a restart."""
         ...
 
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """The weights being served now, under HF parameter names."""
+        """The weights being served now, under the engine's own names and layout."""
         ...
+
+
+def cut_at_stop(text: str, stop: tuple[str, ...]) -> tuple[str, bool]:
+    """-> (`text` up to the earliest stop string, whether one occurred)."""
+    hits = [i for i in (text.find(s) for s in stop if s) if i >= 0]
+    return (text[: min(hits)], True) if hits else (text, False)

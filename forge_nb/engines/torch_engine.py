@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
-from forge_nb.engines.base import Completion, SamplingParams
+from forge_nb.engines.base import Completion, SamplingParams, cut_at_stop
 
 
 class TorchEngine:
@@ -37,12 +37,24 @@ class TorchEngine:
         encoded = [self.tokenizer(p)["input_ids"] for p in prompts]
         repeated = [ids for ids in encoded for _ in range(sampling.n)]
         tokens, logprobs, finished = self._decode(repeated, sampling)
-        flat = [self._completion(p, t, lp, f) for p, t, lp, f in zip(repeated, tokens, logprobs, finished)]
+        flat = [
+            self._completion(p, t, lp, f, sampling.stop) for p, t, lp, f in zip(repeated, tokens, logprobs, finished)
+        ]
         return [flat[i * sampling.n : (i + 1) * sampling.n] for i in range(len(prompts))]
 
-    def _completion(self, prompt_ids: list[int], ids: list[int], lps: list[float], stopped: bool) -> Completion:
-        text = self.tokenizer.decode(ids, skip_special_tokens=True)
+    def _completion(
+        self, prompt_ids: list[int], ids: list[int], lps: list[float], stopped: bool, stop: tuple[str, ...]
+    ) -> Completion:
+        text = self._text(ids)
+        if stop and cut_at_stop(text, stop)[1]:
+            # Keep the tokens up to the one that completes the stop string (as vLLM does).
+            end = next(k for k in range(1, len(ids) + 1) if cut_at_stop(self._text(ids[:k]), stop)[1])
+            ids, lps, stopped = ids[:end], lps[:end], True
+            text = cut_at_stop(self._text(ids), stop)[0]
         return Completion(prompt_ids, ids, lps, text, "stop" if stopped else "length")
+
+    def _text(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
 
     @torch.inference_mode()
     def _decode(
@@ -92,6 +104,16 @@ class TorchEngine:
             probs = _top_p_filter(probs, sampling.top_p)
         token = torch.multinomial(probs, 1, generator=self._generator)[:, 0]
         return token, logp.gather(-1, token[:, None])[:, 0]
+
+    @torch.inference_mode()
+    def score(self, prompt_ids: list[list[int]], completion_ids: list[list[int]]) -> list[list[float]]:
+        """Teacher-forced logprobs (temperature 1) of each completion after its prompt."""
+        from forge_nb.rl.batch import collate, token_logprobs
+
+        lp = token_logprobs(self.model, collate(prompt_ids, completion_ids, self.pad_id), 1.0)
+        return [
+            lp[i, len(p) - 1 : len(p) - 1 + len(c)].tolist() for i, (p, c) in enumerate(zip(prompt_ids, completion_ids))
+        ]
 
     @torch.no_grad()
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:

@@ -13,7 +13,7 @@ from forge_nb.config import Config, ConfigError, parse_overrides
 from forge_nb.mesh import lifecycle
 
 SUBCOMMANDS = ("up", "status", "step", "run", "pause", "resume", "stop", "sync", "samples", "dashboard",
-               "versions", "eval", "down")  # fmt: skip
+               "versions", "eval", "export", "down")  # fmt: skip
 
 
 class ForgeMagicError(ValueError):
@@ -24,7 +24,8 @@ class ForgeMagicError(ValueError):
 class ForgeMagics(Magics):
     @line_cell_magic
     def forge(self, line: str, cell: str | None = None):
-        """%forge up|status|step N|run [N]|pause|resume|stop|sync|samples N|dashboard|versions|eval|down
+        """%forge up [--slurm]|status|step N|run [N]|pause|resume|stop|sync|samples N|dashboard|versions|eval|
+        export PATH|down
         %%forge reward | %%forge loss  (the cell defines the function; it is validated and made live)"""
         command, _, rest = line.strip().partition(" ")
         if cell is not None:
@@ -45,9 +46,11 @@ class ForgeMagics(Magics):
     @magic_arguments()
     @argument("overrides", nargs="*", help="config fields, e.g. lr=1e-4 group_size=4")
     @argument("--config", default=None, help="YAML config file")
+    @argument("--slurm", action="store_true", help="run the actors in a Slurm job (options: slurm.partition=...)")
     def _up(self, rest: str):
         args = parse_argstring(self._up, rest)
-        config = (Config.from_yaml(args.config) if args.config else Config()).updated(parse_overrides(args.overrides))
+        overrides = parse_overrides(args.overrides) | ({"mesh.kind": "slurm"} if args.slurm else {})
+        config = (Config.from_yaml(args.config) if args.config else Config()).updated(overrides)
         current = lifecycle.current()
         if current is not None:
             if current.config == config:
@@ -99,6 +102,15 @@ class ForgeMagics(Magics):
 
     def _eval(self, rest: str):
         return _session().evaluate()
+
+    @magic_arguments()
+    @argument("path", help="directory to write run.py, run.sbatch, config.yaml, reward.py, loss.py, checkpoint/")
+    @argument("--steps", type=int, default=100, help="steps the exported run takes (default 100)")
+    def _export(self, rest: str):
+        args = parse_argstring(self._export, rest)
+        out = _session().export(args.path, args.steps)
+        print(f"forge_nb: exported to {out}; run it with `sbatch {out / 'run.sbatch'}` or `python {out / 'run.py'}`")
+        return out
 
     def _down(self, rest: str):
         session = lifecycle.current()

