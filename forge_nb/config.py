@@ -115,6 +115,7 @@ class AlgorithmConfig:
     dynamic_sampling: bool = False  # DAPO: leave groups whose rewards are all equal out of the train batch
     overlong_cache: int = 0  # DAPO soft overlong penalty over the last this-many tokens of engine.max_tokens (0: off)
     max_grad_norm: float = 1.0
+    kl_coef: float = 0.0  # beta of the k3 KL to the initial policy; > 0 starts a frozen reference-model actor
 
     def validate(self) -> None:
         _at_least("algorithm.prompts_per_step", self.prompts_per_step, 1)
@@ -126,6 +127,7 @@ class AlgorithmConfig:
         _at_least("algorithm.clip_high", self.clip_high, 0.0)
         _at_least("algorithm.rho_max", self.rho_max, 1.0)
         _at_least("algorithm.overlong_cache", self.overlong_cache, 0)
+        _at_least("algorithm.kl_coef", self.kl_coef, 0.0)
         if not self.max_grad_norm > 0:
             raise ConfigError(f"algorithm.max_grad_norm must be > 0, got {self.max_grad_norm}")
 

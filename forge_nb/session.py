@@ -24,6 +24,7 @@ from tqdm.auto import tqdm
 from transformers import AutoTokenizer
 
 from forge_nb.actors.generator import Generator
+from forge_nb.actors.reference import Reference
 from forge_nb.actors.reward import RewardWorker
 from forge_nb.actors.trainer import Trainer
 from forge_nb.async_run import AsyncRun
@@ -76,6 +77,7 @@ class Session:
         self.generation_lock = threading.RLock()
         self.training_lock = threading.RLock()
         self._run: BackgroundRun | None = None
+        self.reference = None  # the frozen reference-model actor, when algorithm.kl_coef > 0
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -102,6 +104,9 @@ class Session:
                                       cfg.weights.chunk_mb)  # fmt: skip
             self.rewards = mesh.spawn("reward", RewardWorker, self.registry.live("reward").code, 0,
                                       cfg.live.timeout_s, procs=cfg.mesh.reward_procs)  # fmt: skip
+            if cfg.algorithm.kl_coef > 0:
+                self.reference = mesh.spawn("reference", Reference, model_dir, cfg.model.dtype, threads,
+                                            self.tokenizer.pad_token_id, cfg.engine.temperature)  # fmt: skip
             # Registered after the spawns, so our exit hook runs before the ones Monarch adds there.
             lifecycle.register(self)
             self.pids = self._wait_ready()
@@ -132,8 +137,10 @@ class Session:
     def _wait_ready(self) -> dict[str, list[int]]:
         """Ask every actor for its pid: returns once each constructor has finished (or raises its error)."""
         pids = {}
-        with tqdm(total=3, desc="forge_nb up: starting actors", leave=False) as bar:
-            for role, mesh in (("generator", self.generator), ("trainer", self.trainer), ("reward", self.rewards)):
+        roles = [("generator", self.generator), ("trainer", self.trainer), ("reward", self.rewards)]
+        roles += [("reference", self.reference)] if self.reference is not None else []
+        with tqdm(total=len(roles), desc="forge_nb up: starting actors", leave=False) as bar:
+            for role, mesh in roles:
                 bar.set_postfix_str(f"generator ({self.engine_name} engine)" if role == "generator" else role)
                 pids[role] = [pid for _, pid in wait(mesh.pid.call()).items()]
                 bar.update()
@@ -317,10 +324,17 @@ class Session:
             }
             self.metrics_stream.emit("train", step=self.step_count, **metrics)
             return metrics
+        prompts, completions = [e.prompt_ids for e in eps], [e.completion_ids for e in eps]
+        ref, ref_s = None, 0.0
+        if self.reference is not None:
+            start = time.perf_counter()
+            ref = wait(self.reference.logprobs.call_one(prompts, completions))
+            ref_s = time.perf_counter() - start
         metrics = wait(self.trainer.train_step.call_one(
-            [e.prompt_ids for e in eps], [e.completion_ids for e in eps],
-            [e.logprobs for e in eps], [e.advantage for e in eps],
+            prompts, completions, [e.logprobs for e in eps], [e.advantage for e in eps], ref,
         ))  # fmt: skip
+        if ref is not None:
+            metrics["reference_seconds"] = ref_s
         self._trainer_version = metrics["policy_version"]
         for e in eps:
             e.loss_version = metrics["loss_version"]

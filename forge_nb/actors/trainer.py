@@ -13,7 +13,7 @@ from forge_nb.actors import setup_proc
 from forge_nb.config import AlgorithmConfig
 from forge_nb.live.capture import LiveCode, compile_function
 from forge_nb.live.validate import CheckFailed, check_loss_value
-from forge_nb.rl.batch import collate, token_logprobs
+from forge_nb.rl.batch import collate, completion_logprobs
 from forge_nb.rl.train_step import NonFiniteGradient, policy_step
 from forge_nb.weights.manifest import WeightManifest, checksum
 from forge_nb.weights.publish import WeightPublisher
@@ -63,6 +63,7 @@ class Trainer(Actor):
         completion_ids: list[list[int]],
         logprobs: list[list[float]],
         advantages: list[float],
+        ref_logprobs: list[list[float]] | None = None,
     ) -> dict[str, float]:
         """One optimizer step on a batch of B sequences, then publish the new weights -> metrics.
 
@@ -70,7 +71,7 @@ class Trainer(Actor):
         If the live loss fails, `LossFailed` is raised and neither weights nor versions change.
         """
         start = time.perf_counter()
-        batch = collate(prompt_ids, completion_ids, self.pad_id, logprobs, advantages)
+        batch = collate(prompt_ids, completion_ids, self.pad_id, logprobs, advantages, ref_logprobs)
         try:
             metrics = policy_step(
                 self.model, self.optimizer, batch, self.loss_fn, self.temperature,
@@ -100,13 +101,7 @@ class Trainer(Actor):
     @endpoint
     def logprobs(self, prompt_ids: list[list[int]], completion_ids: list[list[int]]) -> list[list[float]]:
         """Recompute the completions' token logprobs under the current weights (no grad)."""
-        batch = collate(prompt_ids, completion_ids, self.pad_id)
-        self.model.eval()
-        with torch.no_grad():
-            lp = token_logprobs(self.model, batch, self.temperature)
-        return [
-            lp[i, len(p) - 1 : len(p) - 1 + len(c)].tolist() for i, (p, c) in enumerate(zip(prompt_ids, completion_ids))
-        ]
+        return completion_logprobs(self.model, prompt_ids, completion_ids, self.pad_id, self.temperature)
 
     @endpoint
     def save(self, path: str) -> int:

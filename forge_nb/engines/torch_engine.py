@@ -105,15 +105,11 @@ class TorchEngine:
         token = torch.multinomial(probs, 1, generator=self._generator)[:, 0]
         return token, logp.gather(-1, token[:, None])[:, 0]
 
-    @torch.inference_mode()
     def score(self, prompt_ids: list[list[int]], completion_ids: list[list[int]]) -> list[list[float]]:
         """Teacher-forced logprobs (temperature 1) of each completion after its prompt."""
-        from forge_nb.rl.batch import collate, token_logprobs
+        from forge_nb.rl.batch import completion_logprobs
 
-        lp = token_logprobs(self.model, collate(prompt_ids, completion_ids, self.pad_id), 1.0)
-        return [
-            lp[i, len(p) - 1 : len(p) - 1 + len(c)].tolist() for i, (p, c) in enumerate(zip(prompt_ids, completion_ids))
-        ]
+        return completion_logprobs(self.model, prompt_ids, completion_ids, self.pad_id, 1.0)
 
     @torch.no_grad()
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:

@@ -26,6 +26,14 @@ def builtin_loss(algorithm: AlgorithmConfig) -> LiveCode:
         "dapo": f"clip_low={a.clip_eps}, clip_high={a.clip_high}",
         "aipo": f"rho_max={a.rho_max}",
     }[a.loss]
+    if a.kl_coef > 0:  # the same loss plus beta x k3 KL to the reference actor's logprobs
+        source = (
+            f"from forge_nb.rl.losses import {a.loss}_loss, kl_penalty\n\n\n"
+            "def loss(logprobs, old_logprobs, advantages, mask, ref_logprobs):\n"
+            f"    surrogate = {a.loss}_loss(logprobs, old_logprobs, advantages, mask, {options})\n"
+            f"    return surrogate + kl_penalty(logprobs, ref_logprobs, mask, beta={a.kl_coef})\n"
+        )
+        return LiveCode("loss", "loss", source, f"built-in: {a.loss} + {a.kl_coef} x KL(reference)")
     source = (
         f"from forge_nb.rl.losses import {a.loss}_loss\n\n\n"
         "def loss(logprobs, old_logprobs, advantages, mask):\n"

@@ -65,4 +65,5 @@ def loss_probe(episodes: list[Episode]) -> LossProbe:
     advantages = torch.tensor([e.advantage for e in episodes], dtype=torch.float32)
     # old_logprobs slightly off the current ones, so ratio-based losses see ratios != 1 as in training
     old = (logprobs - 0.05 * mask).detach()
-    return LossProbe(logprobs, old, advantages, mask)
+    ref = (logprobs - 0.1 * mask).detach()
+    return LossProbe(logprobs, old, advantages, mask, ref)

@@ -25,6 +25,7 @@ from forge_nb.live.validate import (
 )
 from forge_nb.mesh.calls import wait
 from forge_nb.rl.episode import Episode
+from forge_nb.rl.train_step import needs_ref
 
 if TYPE_CHECKING:
     from forge_nb.session import Session
@@ -89,6 +90,9 @@ def validate(session: Session, kind: str, code: LiveCode) -> dict:
     if kind == "reward":
         validate_reward(fn, reward_probes(episodes, session.step_count), timeout)
     else:
+        if needs_ref(fn) and session.reference is None:
+            raise CheckFailed("the loss takes ref_logprobs, but no reference model runs: start the session with "
+                              "algorithm.kl_coef > 0 (e.g. forge_nb.up(kl_coef=0.04))")  # fmt: skip
         validate_loss(fn, loss_probe(episodes), timeout)
     return {"seconds": time.perf_counter() - start, "probe_size": len(episodes), "error": None}
 

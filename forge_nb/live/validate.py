@@ -17,6 +17,8 @@ from typing import Any
 
 import torch
 
+from forge_nb.rl.train_step import takes_ref
+
 
 class CheckFailed(Exception):
     """One check failed; the message says what was wrong (the caller adds which code and version)."""
@@ -40,6 +42,7 @@ class LossProbe:
     old_logprobs: torch.Tensor
     advantages: torch.Tensor
     mask: torch.Tensor
+    ref_logprobs: torch.Tensor | None = None  # passed to losses that take it
 
 
 def run_with_timeout(fn: Callable[[], Any], timeout: float) -> Any:
@@ -135,7 +138,8 @@ def validate_loss(fn: Callable, probe: LossProbe, timeout: float) -> float:
     def forward_backward() -> float:
         logprobs = probe.logprobs.clone().requires_grad_(True)
         try:
-            loss = fn(logprobs, probe.old_logprobs.clone(), probe.advantages.clone(), probe.mask.clone())
+            extra = {"ref_logprobs": probe.ref_logprobs.clone()} if takes_ref(fn) else {}
+            loss = fn(logprobs, probe.old_logprobs.clone(), probe.advantages.clone(), probe.mask.clone(), **extra)
         except Exception as e:
             raise CheckFailed(describe_exception(e)) from e
         loss = check_loss_value(loss)

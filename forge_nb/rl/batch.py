@@ -19,6 +19,7 @@ class TokenBatch:
     completion_mask: torch.Tensor  # [B, L-1] float, 1 where the target token was generated
     old_logprobs: torch.Tensor  # [B, L-1] float, behaviour-policy logprobs (0 outside the mask)
     advantages: torch.Tensor  # [B] float, one per sequence
+    ref_logprobs: torch.Tensor | None = None  # [B, L-1] float, reference-model logprobs (when a reference runs)
 
 
 def collate(
@@ -27,14 +28,17 @@ def collate(
     pad_id: int,
     old_logprobs: list[list[float]] | None = None,
     advantages: list[float] | None = None,
+    ref_logprobs: list[list[float]] | None = None,
 ) -> TokenBatch:
-    """Right-pad prompt+completion pairs into one `TokenBatch` (missing logprobs/advantages are 0)."""
+    """Right-pad prompt+completion pairs into one `TokenBatch` (missing logprobs/advantages are 0;
+    `ref_logprobs` stays None unless given)."""
     rows = [p + c for p, c in zip(prompt_ids, completion_ids)]
     batch, width = len(rows), max(len(r) for r in rows)
     input_ids = torch.full((batch, width), pad_id, dtype=torch.long)
     attention_mask = torch.zeros((batch, width), dtype=torch.long)
     completion_mask = torch.zeros((batch, width - 1))
     old = torch.zeros((batch, width - 1))
+    ref = torch.zeros((batch, width - 1)) if ref_logprobs is not None else None
     for i, (p, c) in enumerate(zip(prompt_ids, completion_ids)):
         input_ids[i, : len(p) + len(c)] = torch.tensor(p + c)
         attention_mask[i, : len(p) + len(c)] = 1
@@ -42,8 +46,10 @@ def collate(
         completion_mask[i, len(p) - 1 : len(p) - 1 + len(c)] = 1.0
         if old_logprobs is not None:
             old[i, len(p) - 1 : len(p) - 1 + len(c)] = torch.tensor(old_logprobs[i][: len(c)])
+        if ref is not None:
+            ref[i, len(p) - 1 : len(p) - 1 + len(c)] = torch.tensor(ref_logprobs[i][: len(c)])
     adv = torch.tensor(advantages if advantages is not None else [0.0] * batch, dtype=torch.float32)
-    return TokenBatch(input_ids, attention_mask, completion_mask, old, adv)
+    return TokenBatch(input_ids, attention_mask, completion_mask, old, adv, ref)
 
 
 def token_logprobs(model: nn.Module, batch: TokenBatch, temperature: float = 1.0) -> torch.Tensor:
@@ -54,3 +60,16 @@ def token_logprobs(model: nn.Module, batch: TokenBatch, temperature: float = 1.0
     logp = torch.log_softmax(logits.float(), -1)
     picked = logp.gather(-1, batch.input_ids[:, 1:, None])[..., 0]
     return picked * batch.completion_mask
+
+
+@torch.no_grad()
+def completion_logprobs(
+    model: nn.Module, prompt_ids: list[list[int]], completion_ids: list[list[int]], pad_id: int, temperature: float
+) -> list[list[float]]:
+    """Each completion's token logprobs after its prompt under ``logits / temperature`` (no grad)."""
+    was_training = model.training
+    model.eval()
+    lp = token_logprobs(model, collate(prompt_ids, completion_ids, pad_id), temperature)
+    model.train(was_training)
+    rows = enumerate(zip(prompt_ids, completion_ids))
+    return [lp[i, len(p) - 1 : len(p) - 1 + len(c)].tolist() for i, (p, c) in rows]

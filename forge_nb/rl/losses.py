@@ -98,7 +98,13 @@ def grpo_kl_loss(
     """The clipped GRPO surrogate plus `beta` x the k3 KL to a reference model, both averaged per
     sequence then over sequences -> scalar."""
     surrogate = grpo_loss(logprobs, old_logprobs, advantages, mask, clip_eps)
-    return surrogate + beta * masked_mean(kl_k3(logprobs, ref_logprobs), mask, dim=1).mean()
+    return surrogate + kl_penalty(logprobs, ref_logprobs, mask, beta)
+
+
+def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, mask: torch.Tensor, beta: float) -> torch.Tensor:
+    """`beta` x the k3 KL(policy || reference) [B, T], averaged per sequence then over sequences -> scalar
+    (0 for empty rows). Add it to any loss of the family."""
+    return beta * masked_mean(kl_k3(logprobs, ref_logprobs), mask, dim=1).mean()
 
 
 def aipo_loss(

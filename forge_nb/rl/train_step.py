@@ -2,20 +2,39 @@
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 
 import torch
 from torch import nn
 
 from forge_nb.rl.batch import TokenBatch, token_logprobs
-from forge_nb.rl.losses import masked_mean
+from forge_nb.rl.losses import kl_k3, masked_mean
 
 
 class NonFiniteGradient(FloatingPointError):
     """The loss's gradient is NaN or inf; no optimizer step was taken."""
 
 
-LossFn = Callable[..., torch.Tensor]  # (logprobs, old_logprobs, advantages, mask) -> scalar
+LossFn = Callable[..., torch.Tensor]  # (logprobs, old_logprobs, advantages, mask[, ref_logprobs]) -> scalar
+
+
+def takes_ref(loss_fn: LossFn) -> bool:
+    """Whether `loss_fn` accepts ``ref_logprobs`` (by name, or through ``**kwargs``)."""
+    try:
+        params = inspect.signature(loss_fn).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    return any(p.name == "ref_logprobs" or p.kind is p.VAR_KEYWORD for p in params)
+
+
+def needs_ref(loss_fn: LossFn) -> bool:
+    """Whether `loss_fn` cannot run without ``ref_logprobs`` (a parameter of that name, no default)."""
+    try:
+        param = inspect.signature(loss_fn).parameters.get("ref_logprobs")
+    except (TypeError, ValueError):
+        return False
+    return param is not None and param.default is param.empty
 
 
 def policy_step(
@@ -35,7 +54,8 @@ def policy_step(
     model.train()
     logprobs = token_logprobs(model, batch, temperature)  # [B, T]
     mask = batch.completion_mask
-    loss = check_loss(loss_fn(logprobs, batch.old_logprobs, batch.advantages, mask))
+    extra = {"ref_logprobs": batch.ref_logprobs} if batch.ref_logprobs is not None and takes_ref(loss_fn) else {}
+    loss = check_loss(loss_fn(logprobs, batch.old_logprobs, batch.advantages, mask, **extra))
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
@@ -45,7 +65,11 @@ def policy_step(
     optimizer.step()
     with torch.no_grad():
         log_ratio = (logprobs - batch.old_logprobs) * mask
+        ref = {}
+        if batch.ref_logprobs is not None:  # k3 KL(policy || reference) on the batch's tokens, before the step
+            ref["kl_ref"] = masked_mean(kl_k3(logprobs, batch.ref_logprobs), mask).item()
         return {
+            **ref,
             "loss": loss.item(),
             "grad_norm": grad_norm.item(),
             # k1 estimate of KL(behaviour || current) on the batch's own tokens.

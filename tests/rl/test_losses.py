@@ -100,3 +100,27 @@ def test_aipo_truncates_the_importance_weight_and_detaches_it():
     assert math.isclose(loss.item(), expected, rel_tol=1e-6)
     loss.backward()
     assert torch.allclose(lp.grad, torch.tensor([[-1.0, -0.25]]))  # -w * A / N, w not differentiated
+
+
+def test_kl_penalty_is_beta_times_the_per_sequence_mean_k3_and_zero_on_empty_rows():
+    from forge_nb.rl.losses import kl_k3, kl_penalty
+
+    lp = torch.tensor([[-1.0, -2.0], [-0.5, 0.0]])
+    ref = torch.tensor([[-1.5, -2.0], [-0.5, 0.0]])
+    mask = torch.tensor([[1.0, 1.0], [0.0, 0.0]])  # the second row is empty
+    k = kl_k3(lp, ref)
+    expected = 0.1 * ((k[0, 0] + k[0, 1]) / 2 + 0.0) / 2
+    assert torch.isclose(kl_penalty(lp, ref, mask, 0.1), expected)
+    assert kl_penalty(lp, lp, mask, 0.1).item() == 0.0
+
+
+def test_takes_ref_and_needs_ref_read_the_loss_signature():
+    from forge_nb.rl.train_step import needs_ref, takes_ref
+
+    def plain(logprobs, old_logprobs, advantages, mask): ...
+    def with_ref(logprobs, old_logprobs, advantages, mask, ref_logprobs): ...
+    def optional(logprobs, old_logprobs, advantages, mask, ref_logprobs=None): ...
+    def kwargs(logprobs, old_logprobs, advantages, mask, **context): ...
+
+    assert [takes_ref(f) for f in (plain, with_ref, optional, kwargs)] == [False, True, True, True]
+    assert [needs_ref(f) for f in (plain, with_ref, optional, kwargs)] == [False, True, False, False]

@@ -1,0 +1,44 @@
+"""The reference-model actor and the KL penalty on a real mesh (algorithm.kl_coef > 0)."""
+
+from __future__ import annotations
+
+import pytest
+
+import forge_nb
+from forge_nb.live.capture import LiveCodeError
+from forge_nb.mesh.calls import wait
+from tests.conftest import wait_no_children
+
+KL_LOSS = """
+from forge_nb.rl.losses import grpo_loss, kl_penalty
+
+def loss(logprobs, old_logprobs, advantages, mask, ref_logprobs):
+    return grpo_loss(logprobs, old_logprobs, advantages, mask) + kl_penalty(logprobs, ref_logprobs, mask, 1.0)
+"""
+
+
+def test_kl_to_the_frozen_reference_starts_at_zero_and_grows_as_the_policy_moves():
+    s = forge_nb.up(prompts_per_step=4, group_size=4, threads_per_proc=1, kl_coef=0.05, lr=5e-3, engine="torch")
+    try:
+        assert "reference" in s.status()["procs"]
+        assert "KL(reference)" in s.registry.live("loss").code.origin
+        first = s.train(s.rollout())
+        assert abs(first["kl_ref"]) < 1e-6  # version 0 is the reference
+        later = [s.step(1).iloc[0] for _ in range(4)]
+        assert s.metrics_stream.to_pandas("train").kl_ref.iloc[-1] > 1e-4
+        assert all(row.policy_version > 0 for row in later)
+        # The reference does not move: its logprobs of a fixed completion stay those of version 0.
+        prompt, completion = [[1, 6, 4, 7, 15]], [[9, 2]]
+        assert wait(s.reference.logprobs.call_one(prompt, completion)) == wait(
+            s.reference.logprobs.call_one(prompt, completion)
+        )
+        assert s.set_loss(KL_LOSS) == 1
+        assert s.train(s.rollout())["loss_version"] == 1
+    finally:
+        s.down()
+    assert wait_no_children() == []
+
+
+def test_a_loss_that_needs_ref_logprobs_without_a_reference_is_refused(session):
+    with pytest.raises(LiveCodeError, match=r"takes ref_logprobs, but no reference model runs.*kl_coef > 0"):
+        session.set_loss(KL_LOSS)
