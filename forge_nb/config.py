@@ -26,9 +26,16 @@ class ConfigError(ValueError):
 class ModelConfig:
     path: str = "bundled"  # "bundled" or any HF causal-LM directory (config.json, safetensors, tokenizer)
     dtype: str = "float32"  # training and serving dtype
+    device: str = "auto"  # where the trainer and reference models run: "cpu", "cuda", or "auto" (cuda if present)
 
     def resolved_path(self) -> Path:
         return BUNDLED_MODEL if self.path == "bundled" else Path(self.path).expanduser()
+
+    @property
+    def resolved_device(self) -> str:
+        import torch
+
+        return ("cuda" if torch.cuda.is_available() else "cpu") if self.device == "auto" else self.device
 
     def validate(self) -> None:
         path = self.resolved_path()
@@ -37,6 +44,7 @@ class ModelConfig:
         if not (path / "config.json").is_file():
             raise ConfigError(f"model.path: {str(path)!r} has no config.json; expected a Hugging Face model directory")
         _choice("model.dtype", self.dtype, ("float32", "bfloat16", "float16"))
+        _choice("model.device", self.device, ("auto", "cpu", "cuda"))
 
 
 @dataclass

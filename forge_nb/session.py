@@ -101,12 +101,13 @@ class Session:
             self.trainer = mesh.spawn("trainer", Trainer, model_dir, cfg.model.dtype, threads, cfg.algorithm,
                                       self.tokenizer.pad_token_id, cfg.engine.temperature,
                                       self.registry.live("loss").code, cfg.serve_dtype,
-                                      cfg.weights.chunk_mb)  # fmt: skip
+                                      cfg.weights.chunk_mb, cfg.model.resolved_device)  # fmt: skip
             self.rewards = mesh.spawn("reward", RewardWorker, self.registry.live("reward").code, 0,
                                       cfg.live.timeout_s, procs=cfg.mesh.reward_procs)  # fmt: skip
             if cfg.algorithm.kl_coef > 0:
                 self.reference = mesh.spawn("reference", Reference, model_dir, cfg.model.dtype, threads,
-                                            self.tokenizer.pad_token_id, cfg.engine.temperature)  # fmt: skip
+                                            self.tokenizer.pad_token_id, cfg.engine.temperature,
+                                            cfg.model.resolved_device)  # fmt: skip
             # Registered after the spawns, so our exit hook runs before the ones Monarch adds there.
             lifecycle.register(self)
             self.pids = self._wait_ready()

@@ -15,9 +15,12 @@ from forge_nb.rl.batch import completion_logprobs
 class Reference(Actor):
     """Loads `model_dir` once and never changes it (started when ``algorithm.kl_coef > 0``)."""
 
-    def __init__(self, model_dir: str, dtype: str, threads: int, pad_id: int, temperature: float) -> None:
+    def __init__(
+        self, model_dir: str, dtype: str, threads: int, pad_id: int, temperature: float, device: str = "cpu"
+    ) -> None:
         setup_proc(threads)
-        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype)).eval()
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype))
+        self.model = model.to(torch.device(device)).eval()
         self.model.requires_grad_(False)
         self.pad_id, self.temperature = pad_id, temperature
 

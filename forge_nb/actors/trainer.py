@@ -37,10 +37,12 @@ class Trainer(Actor):
         loss: LiveCode,
         serve_dtype: str,
         chunk_mb: int,
+        device: str = "cpu",
     ) -> None:
         setup_proc(threads)
         torch.manual_seed(0)
-        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype))
+        self.device = torch.device(device)
+        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype)).to(self.device)
         self.algorithm = algorithm
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=algorithm.lr, weight_decay=0.0)
         self.loss_fn, self.loss_version = compile_function(loss), 0
@@ -71,7 +73,7 @@ class Trainer(Actor):
         If the live loss fails, `LossFailed` is raised and neither weights nor versions change.
         """
         start = time.perf_counter()
-        batch = collate(prompt_ids, completion_ids, self.pad_id, logprobs, advantages, ref_logprobs)
+        batch = collate(prompt_ids, completion_ids, self.pad_id, logprobs, advantages, ref_logprobs).to(self.device)
         try:
             metrics = policy_step(
                 self.model, self.optimizer, batch, self.loss_fn, self.temperature,

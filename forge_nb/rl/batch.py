@@ -21,6 +21,11 @@ class TokenBatch:
     advantages: torch.Tensor  # [B] float, one per sequence
     ref_logprobs: torch.Tensor | None = None  # [B, L-1] float, reference-model logprobs (when a reference runs)
 
+    def to(self, device: torch.device | str) -> TokenBatch:
+        """The same batch with every tensor on `device`."""
+        moved = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in self.__dict__.items()}
+        return TokenBatch(**moved)
+
 
 def collate(
     prompt_ids: list[list[int]],
@@ -69,7 +74,8 @@ def completion_logprobs(
     """Each completion's token logprobs after its prompt under ``logits / temperature`` (no grad)."""
     was_training = model.training
     model.eval()
-    lp = token_logprobs(model, collate(prompt_ids, completion_ids, pad_id), temperature)
+    device = next(model.parameters()).device
+    lp = token_logprobs(model, collate(prompt_ids, completion_ids, pad_id).to(device), temperature)
     model.train(was_training)
     rows = enumerate(zip(prompt_ids, completion_ids))
     return [lp[i, len(p) - 1 : len(p) - 1 + len(c)].tolist() for i, (p, c) in rows]
