@@ -15,9 +15,13 @@ class LocalMesh:
     def __init__(self) -> None:
         self.proc_meshes: dict[str, ProcMesh] = {}
 
+    def host(self, role: str) -> Any:
+        """The host mesh `role`'s procs start on: this host."""
+        return this_host()
+
     def spawn(self, role: str, actor_class: type, *args: Any, procs: int = 1) -> Any:
         """Start `procs` processes for `role` and one `actor_class(*args)` in each -> the actor mesh."""
-        proc_mesh = this_host().spawn_procs(per_host={"procs": procs}, name=role)
+        proc_mesh = self.host(role).spawn_procs(per_host={"procs": procs}, name=role)
         self.proc_meshes[role] = proc_mesh
         return proc_mesh.spawn(role, actor_class, *args)
 

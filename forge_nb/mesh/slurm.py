@@ -26,7 +26,7 @@ from monarch.config import configure
 from monarch.job import SERVICE_PROC_IDS_ENV, SlurmJob, deserialize_service_proc_ids
 
 from forge_nb.config import SlurmConfig
-from forge_nb.mesh.calls import wait
+from forge_nb.mesh.local import LocalMesh
 
 ROLES = ("generator", "trainer", "reward")
 _TERMINAL = ("FAILED", "CANCELLED", "TIMEOUT", "PREEMPTED", "COMPLETED", "NODE_FAIL", "OUT_OF_MEMORY")
@@ -123,12 +123,12 @@ def partitions() -> list[str]:
     return [p.rstrip("*") for p in out.stdout.split()]
 
 
-class SlurmMesh:
-    """Same interface as `LocalMesh`: `spawn(role, ...)`, `stop()`, plus `job_id`."""
+class SlurmMesh(LocalMesh):
+    """`LocalMesh` whose roles start on the nodes of a Slurm job; `stop()` also cancels the job."""
 
     def __init__(self, cfg: SlurmConfig) -> None:
+        super().__init__()
         self.cfg = cfg
-        self.proc_meshes: dict[str, Any] = {}
         meshes = {role: 1 for role in ROLES} if cfg.separate_hosts else {"node": 1}
         self.job = Slurm2205Job(
             meshes=meshes, python_exe=sys.executable, slurm_args=list(cfg.sbatch_args),
@@ -181,22 +181,16 @@ class SlurmMesh:
                              f"(slurm.separate_hosts must match the session that started it)")  # fmt: skip
         self.job._status = "running"
 
-    def spawn(self, role: str, actor_class: type, *args: Any, procs: int = 1) -> Any:
-        """Start `procs` processes for `role` on its node and one `actor_class(*args)` in each."""
-        host_mesh = getattr(self.hosts, role if self.cfg.separate_hosts else "node")
-        proc_mesh = host_mesh.spawn_procs(per_host={"procs": procs}, name=role)
-        self.proc_meshes[role] = proc_mesh
-        return proc_mesh.spawn(role, actor_class, *args)
+    def host(self, role: str) -> Any:
+        """The job's node for `role` (its own node with `separate_hosts`; a reference model shares
+        the trainer's)."""
+        if not self.cfg.separate_hosts:
+            return self.hosts.node
+        return getattr(self.hosts, "trainer" if role == "reference" else role)
 
     def stop(self) -> list[str]:
         """Stop every proc mesh, then cancel the job (unless `keep_job`) -> errors, if any."""
-        errors = []
-        for role, proc_mesh in reversed(list(self.proc_meshes.items())):
-            try:
-                wait(proc_mesh.stop())
-            except Exception as e:
-                errors.append(f"{role}: {e}")
-        self.proc_meshes.clear()
+        errors = super().stop()
         if not self.cfg.keep_job:
             self.cancel()
         return errors

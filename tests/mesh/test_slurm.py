@@ -33,6 +33,13 @@ def slurm_session(slurm, tmp_path, **overrides):
                        prompts_per_step=4, group_size=4, threads_per_proc=1, engine="torch")  # fmt: skip
 
 
+def assert_nothing_left(slurm) -> None:
+    """No job in the queue, no job step running, no process of ours but the Slurm daemons."""
+    assert slurm.wait_no_jobs() == []
+    assert slurm.live_steps() == []
+    assert wait_no_children(exclude=slurm.daemons) == []
+
+
 def test_actors_run_inside_the_job_step_sync_and_down_cancels_it(slurm, tmp_path):
     s = slurm_session(slurm, tmp_path)
     try:
@@ -47,9 +54,7 @@ def test_actors_run_inside_the_job_step_sync_and_down_cancels_it(slurm, tmp_path
         assert sums["generator"] == sums["trainer"] and sums["trainer"][0] == 2
     finally:
         s.down()
-    assert slurm.wait_no_jobs() == []
-    assert slurm.live_steps() == []
-    assert wait_no_children(exclude=slurm.daemons) == []
+    assert_nothing_left(slurm)
 
 
 def test_keep_job_then_attach_by_job_id(slurm, tmp_path):
@@ -63,9 +68,7 @@ def test_keep_job_then_attach_by_job_id(slurm, tmp_path):
         assert len(second.step(1)) == 1
     finally:
         second.down()
-    assert slurm.wait_no_jobs() == []
-    assert slurm.live_steps() == []
-    assert wait_no_children(exclude=slurm.daemons) == []
+    assert_nothing_left(slurm)
 
 
 def test_unknown_partition_is_a_clear_error_and_leaves_no_job(slurm, tmp_path):
