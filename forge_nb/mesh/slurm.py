@@ -16,6 +16,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import socket
 import subprocess
 import sys
@@ -129,6 +130,10 @@ class SlurmMesh(LocalMesh):
     def __init__(self, cfg: SlurmConfig) -> None:
         super().__init__()
         self.cfg = cfg
+        missing = [tool for tool in ("sbatch", "squeue", "scancel", "scontrol") if shutil.which(tool) is None]
+        if missing:
+            raise SlurmError(f"{', '.join(missing)} not found: mesh.kind='slurm' needs Slurm's client tools on PATH "
+                             "(run the kernel on a Slurm login or submit host)")  # fmt: skip
         meshes = {role: 1 for role in ROLES} if cfg.separate_hosts else {"node": 1}
         self.job = Slurm2205Job(
             meshes=meshes, python_exe=sys.executable, slurm_args=list(cfg.sbatch_args),

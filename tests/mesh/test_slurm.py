@@ -84,3 +84,9 @@ def test_job_pending_past_the_timeout_is_cancelled_with_its_reason(slurm, tmp_pa
     with pytest.raises(SessionError, match=r"still pending after 3 s \(reason: BeginTime\); it was cancelled"):
         slurm_session(slurm, tmp_path, sbatch_args=["--begin=now+3600"], start_timeout_s=3)
     assert slurm.wait_no_jobs() == []
+
+
+def test_no_slurm_tools_is_a_clear_error(monkeypatch, tmp_path):
+    monkeypatch.setenv("PATH", str(tmp_path))  # no sbatch here
+    with pytest.raises(SessionError, match=r"sbatch, squeue, scancel, scontrol not found: .*Slurm's client tools"):
+        forge_nb.up(mesh={"kind": "slurm"}, engine="torch")
