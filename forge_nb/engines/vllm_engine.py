@@ -13,7 +13,10 @@ renormalised distribution; the default ``top_p = 1`` matches the trainer's recom
 
 from __future__ import annotations
 
+import contextlib
 import os
+import sys
+import tempfile
 import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -33,6 +36,36 @@ def _in_process_engine_env() -> None:
     os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
 
 
+@contextlib.contextmanager
+def _output_to(path: Path) -> Iterator[None]:
+    """Send this process's stdout and stderr (file descriptors: C++ and tqdm output too) to `path`.
+
+    vLLM's start prints import notices, FutureWarnings, a NUMA note and progress bars; in a notebook they
+    would land in the `%forge up` cell. On failure the error carries the log's tail instead.
+    """
+    _flush()
+    saved = {fd: os.dup(fd) for fd in (1, 2)}
+    with open(path, "wb") as f:
+        for fd in saved:
+            os.dup2(f.fileno(), fd)
+        try:
+            yield
+        except Exception as e:
+            _flush()
+            tail = path.read_text(errors="replace")[-3000:]
+            raise RuntimeError(f"vLLM failed to start: {type(e).__name__}: {e}\n-- its output ({path}):\n{tail}") from e
+        finally:
+            _flush()
+            for fd, copy in saved.items():
+                os.dup2(copy, fd)
+                os.close(copy)
+
+
+def _flush() -> None:
+    sys.stdout.flush()
+    sys.stderr.flush()
+
+
 class VllmEngine:
     """Serves an HF model directory with `vllm.LLM`; see `load`."""
 
@@ -40,7 +73,7 @@ class VllmEngine:
         self.llm = llm
         self.tokenizer = tokenizer
         self.eos_id: int = tokenizer.eos_token_id
-        self.start_s = 0.0
+        self.start_s, self.start_log = 0.0, ""
 
     @classmethod
     def load(
@@ -62,10 +95,18 @@ class VllmEngine:
         initialisation (~25 s on 2 CPU cores).
         """
         _in_process_engine_env()
+        start = time.perf_counter()
+        log = Path(tempfile.gettempdir()) / f"forge_nb_vllm_{os.getpid()}.log"
+        with _output_to(log):
+            engine = cls._start(model_dir, dtype, max_model_len, seed, kv_cache_mb, gpu_memory_utilization, warm_up)
+        engine.start_s, engine.start_log = time.perf_counter() - start, str(log)
+        return engine
+
+    @classmethod
+    def _start(cls, model_dir, dtype, max_model_len, seed, kv_cache_mb, gpu_memory_utilization, warm_up) -> VllmEngine:
         from transformers import AutoTokenizer
         from vllm import LLM
 
-        start = time.perf_counter()
         gpu = torch.cuda.is_available()
         llm = LLM(
             model=str(model_dir),
@@ -81,7 +122,6 @@ class VllmEngine:
         engine = cls(llm, AutoTokenizer.from_pretrained(str(model_dir)))
         if warm_up:
             engine.generate(["1"], SamplingParams(n=2, max_tokens=2, seed=0))
-        engine.start_s = time.perf_counter() - start
         return engine
 
     def generate(self, prompts: list[str], sampling: SamplingParams) -> list[list[Completion]]:
