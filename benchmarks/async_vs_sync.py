@@ -5,6 +5,9 @@ async: generation and training overlap (1 thread per proc on 2 cores), max stale
 
 Reported: trained samples per second, dropped samples, mean reward over the last quarter of the
 budget, and held-out greedy accuracy at the end (both sessions start from the same model and seed).
+Then the ceiling that overlap can reach on this machine, from the two runs' median phase times:
+with one proc per phase the step takes max(generate + score, train) at 1 thread each, and no
+split of the same work over C cores beats (generate + score + train) / C at 1 thread.
 
     python benchmarks/async_vs_sync.py [--seconds 60]
 """
@@ -12,6 +15,7 @@ budget, and held-out greedy accuracy at the end (both sessions start from the sa
 from __future__ import annotations
 
 import argparse
+import os
 import time
 
 import forge_nb
@@ -35,9 +39,33 @@ def measure(mode: str, seconds: float, async_threads: int, engine: str) -> dict:
             "dropped": getattr(run, "dropped", 0), "final_reward": tail.mean_reward.mean(),
             "heldout_before": before, "heldout_after": s.evaluate()["heldout_accuracy"],
             "staleness": dict(getattr(run, "staleness", {0: len(steps)})),
+            "phases": _phase_medians(steps),
         }  # fmt: skip
     finally:
         s.down()
+
+
+def _phase_medians(steps) -> dict[str, float]:
+    """Median seconds per step of each phase, after the first 10 steps (warm-up)."""
+    steady = steps.iloc[10:] if len(steps) > 20 else steps
+    return {
+        "rollout": float((steady.generate_s + steady.score_s).median()),
+        "train": float(steady.train_s.median()),
+        "step": float(steady.step_s.median()),
+    }
+
+
+def print_ceiling(sync: dict[str, float], overlapped: dict[str, float], cores: int) -> None:
+    """How far async can beat sync here, from phase times measured in the two runs."""
+    pipeline = max(overlapped["rollout"], overlapped["train"])
+    any_split = (overlapped["rollout"] + overlapped["train"]) / cores
+    print(f"\n{'median s/step':<14}{'generate+score':>16}{'train':>9}{'step':>9}")
+    for mode, p in (("sync", sync), ("async", overlapped)):
+        print(f"{mode:<14}{p['rollout']:>16.4f}{p['train']:>9.4f}{p['step']:>9.4f}")
+    print(
+        f"ceiling of async / sync here: one proc per phase {sync['step'] / pipeline:.2f}x, "
+        f"any split of the work over {cores} cores {sync['step'] / any_split:.2f}x"
+    )
 
 
 def main() -> None:
@@ -55,6 +83,7 @@ def main() -> None:
               f"{heldout:>16}  {r['staleness']}")  # fmt: skip
     ratio = results["async"]["samples_per_s"] / results["sync"]["samples_per_s"]
     print(f"\nasync / sync samples/s: {ratio:.2f}x (goal >= 1.5x at equal or better reward)")
+    print_ceiling(results["sync"]["phases"], results["async"]["phases"], os.cpu_count() or 1)
 
 
 if __name__ == "__main__":
