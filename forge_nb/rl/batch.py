@@ -37,24 +37,32 @@ def collate(
 ) -> TokenBatch:
     """Right-pad prompt+completion pairs into one `TokenBatch` (missing logprobs/advantages are 0;
     `ref_logprobs` stays None unless given)."""
-    rows = [p + c for p, c in zip(prompt_ids, completion_ids)]
-    batch, width = len(rows), max(len(r) for r in rows)
+    prompt_len = torch.tensor([len(p) for p in prompt_ids])
+    total = prompt_len + torch.tensor([len(c) for c in completion_ids])
+    batch, width = len(prompt_ids), int(total.max())
+    # Vectorised (one Python pass to flatten, then masks): a per-row loop of small tensor writes
+    # took ~6 ms of the trainer's step for 256 rows.
+    positions = torch.arange(width)
+    attention_mask = (positions < total[:, None]).long()
     input_ids = torch.full((batch, width), pad_id, dtype=torch.long)
-    attention_mask = torch.zeros((batch, width), dtype=torch.long)
-    completion_mask = torch.zeros((batch, width - 1))
-    old = torch.zeros((batch, width - 1))
-    ref = torch.zeros((batch, width - 1)) if ref_logprobs is not None else None
-    for i, (p, c) in enumerate(zip(prompt_ids, completion_ids)):
-        input_ids[i, : len(p) + len(c)] = torch.tensor(p + c)
-        attention_mask[i, : len(p) + len(c)] = 1
-        # The logit at position len(p) - 1 predicts the first completion token.
-        completion_mask[i, len(p) - 1 : len(p) - 1 + len(c)] = 1.0
-        if old_logprobs is not None:
-            old[i, len(p) - 1 : len(p) - 1 + len(c)] = torch.tensor(old_logprobs[i][: len(c)])
-        if ref is not None:
-            ref[i, len(p) - 1 : len(p) - 1 + len(c)] = torch.tensor(ref_logprobs[i][: len(c)])
+    input_ids[attention_mask.bool()] = torch.tensor([t for p, c in zip(prompt_ids, completion_ids) for t in p + c])
+    # The logit at position len(p) - 1 predicts the first completion token.
+    targets = positions[:-1] + 1
+    completion = (targets >= prompt_len[:, None]) & (targets < total[:, None])
+    completion_mask = completion.float()
+    old = _scatter(completion, old_logprobs, completion_ids)
+    ref = _scatter(completion, ref_logprobs, completion_ids) if ref_logprobs is not None else None
     adv = torch.tensor(advantages if advantages is not None else [0.0] * batch, dtype=torch.float32)
     return TokenBatch(input_ids, attention_mask, completion_mask, old, adv, ref)
+
+
+def _scatter(where: torch.Tensor, values: list[list[float]] | None, completion_ids: list[list[int]]) -> torch.Tensor:
+    """Per-completion-token values (each row cut to its completion's length) into a [B, L-1] tensor
+    that is 0 outside `where`."""
+    out = torch.zeros(where.shape)
+    if values is not None:
+        out[where] = torch.tensor([v for row, c in zip(values, completion_ids) for v in row[: len(c)]], dtype=out.dtype)
+    return out
 
 
 def token_logprobs(model: nn.Module, batch: TokenBatch, temperature: float = 1.0) -> torch.Tensor:

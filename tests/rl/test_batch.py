@@ -19,3 +19,13 @@ def test_collate_right_pads():
     batch = collate([[1, 5], [1]], [[2], [2]], pad_id=0)
     assert batch.input_ids.tolist() == [[1, 5, 2], [1, 2, 0]]
     assert batch.attention_mask.tolist() == [[1, 1, 1], [1, 1, 0]]
+
+
+def test_collate_cuts_logprobs_to_the_completion_and_places_reference_logprobs():
+    batch = collate(
+        [[1, 5], [1]], [[], [7, 2]], pad_id=0, old_logprobs=[[-9.0], [-1, -2, -3]], ref_logprobs=[[], [-4, -5]]
+    )
+    assert batch.completion_mask.tolist() == [[0, 0], [1, 1]]  # an empty completion has no target
+    assert batch.old_logprobs.tolist() == [[0, 0], [-1, -2]]  # the logprob past the completion is dropped
+    assert batch.ref_logprobs.tolist() == [[0, 0], [-4, -5]]
+    assert collate([[1]], [[2]], pad_id=0).ref_logprobs is None
