@@ -1,7 +1,8 @@
 """Plain-PyTorch generation engine with a KV cache, over any HF causal LM directory.
 
-Prompts are left-padded into one batch, prefilled once, then decoded token by token reusing the
-model's key/value cache. It exists for tests, for the single-process baseline, and for machines
+Prompts are left-padded into one batch and prefilled once each (the n samples of a prompt share its
+prefill: the key/value cache is repeated n times after it), then decoded token by token reusing the
+cache. It exists for tests, for the single-process baseline, and for machines
 where vLLM cannot start.
 """
 
@@ -36,7 +37,7 @@ class TorchEngine:
             self._generator.manual_seed(sampling.seed)
         encoded = [self.tokenizer(p)["input_ids"] for p in prompts]
         repeated = [ids for ids in encoded for _ in range(sampling.n)]
-        tokens, logprobs, finished = self._decode(repeated, sampling)
+        tokens, logprobs, finished = self._decode(encoded, sampling)
         flat = [
             self._completion(p, t, lp, f, sampling.stop) for p, t, lp, f in zip(repeated, tokens, logprobs, finished)
         ]
@@ -60,6 +61,7 @@ class TorchEngine:
     def _decode(
         self, prompts: list[list[int]], sampling: SamplingParams
     ) -> tuple[list[list[int]], list[list[float]], list[bool]]:
+        """P prompts -> P x n rows (prompt-major) of sampled tokens, their logprobs, and whether each stopped."""
         batch = len(prompts)
         width = max(len(p) for p in prompts)
         input_ids = torch.full((batch, width), self.pad_id, dtype=torch.long)
@@ -69,7 +71,13 @@ class TorchEngine:
             mask[i, width - len(ids) :] = 1
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         out = self.model(input_ids=input_ids, attention_mask=mask, position_ids=positions, use_cache=True)
-        cache, logits = out.past_key_values, out.logits[:, -1]
+        # Prefill each prompt once, then give each of its n samples a copy of its cache: the prompt
+        # tokens dominate the forward passes when completions are short.
+        cache, logits = out.past_key_values, out.logits[:, -1].repeat_interleave(sampling.n, 0)
+        if sampling.n > 1:
+            cache.batch_repeat_interleave(sampling.n)
+            mask, positions = mask.repeat_interleave(sampling.n, 0), positions.repeat_interleave(sampling.n, 0)
+            batch *= sampling.n
         next_pos = positions[:, -1:] + 1
         done = torch.zeros(batch, dtype=torch.bool)
         tokens: list[torch.Tensor] = []

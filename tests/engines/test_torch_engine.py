@@ -30,6 +30,15 @@ def test_sampling_is_reproducible_with_a_seed(engine):
     assert [c.token_ids for c in a[0]] == [c.token_ids for c in b[0]]
 
 
+def test_samples_of_one_prompt_share_its_prefill_but_are_drawn_independently(engine):
+    out = engine.generate(["47+38=", "12+34="], SamplingParams(n=16, max_tokens=6, seed=2))
+    for group in out:
+        assert len({tuple(c.token_ids) for c in group}) > 1
+        assert len({tuple(c.prompt_ids) for c in group}) == 1
+    single = engine.generate(["47+38="], SamplingParams(n=1, max_tokens=6, seed=2))
+    assert len(single[0]) == 1
+
+
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_cached_decoding_logprobs_match_a_full_forward(engine, temperature):
     """KV-cached, left-padded decoding gives the same logprobs as one right-padded forward."""
