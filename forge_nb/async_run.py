@@ -91,7 +91,8 @@ def _row(s: Session, rollout: Rollout, metrics: dict, staleness: int, step_s: fl
         "step": s.step_count, "policy_version": metrics["policy_version"], "mode": "async",
         "generator_version": s.generator_version, "staleness": staleness,
         "mean_reward": rollout.mean_reward, "accuracy": rollout.accuracy, "tokens_per_s": rollout.tokens_per_s,
-        "generate_s": rollout.generate_s, "score_s": rollout.score_s, "train_s": metrics["train_seconds"],
+        "generate_s": rollout.generate_s, "score_s": rollout.score_s, "reference_s": rollout.reference_s,
+        "train_s": metrics["train_seconds"],
         "refresh_s": 0.0, "refresh_gbps": 0.0, "loss": metrics["loss"], "grad_norm": metrics["grad_norm"],
         "step_s": step_s,
     }  # fmt: skip

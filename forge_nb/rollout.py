@@ -14,6 +14,8 @@ class Rollout:
     """`episodes` are P prompts x G samples, grouped by `group_id`; `accuracy` is the verifier's view.
 
     Times are seconds inside the actors; `tokens_per_s` is generated tokens / generation seconds.
+    `reference_s` is how long the rollout still waited for the reference model's logprobs once
+    scoring was done (they are computed while the reward procs score; 0 without a reference).
     """
 
     episodes: list[Episode]
@@ -21,6 +23,7 @@ class Rollout:
     accuracy: float
     generate_s: float
     score_s: float
+    reference_s: float = 0.0
 
     @property
     def mean_reward(self) -> float:
@@ -44,6 +47,7 @@ class Rollout:
             "tokens_per_s": self.tokens_per_s,
             "generate_s": self.generate_s,
             "score_s": self.score_s,
+            "reference_s": self.reference_s,
         }
 
     def to_pandas(self) -> pd.DataFrame:

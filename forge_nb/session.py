@@ -20,6 +20,7 @@ from typing import Any
 
 import pandas as pd
 import torch
+from monarch.actor import Future
 from tqdm.auto import tqdm
 from transformers import AutoTokenizer
 
@@ -202,9 +203,11 @@ class Session:
         sampling = self.sampling()
         completions, policy_version, generate_s = self._generate([p.prompt for p in problems], sampling)
         episodes = self._episodes(problems, completions, policy_version)
+        reference = self._reference_logprobs(episodes)  # runs while the reward procs score
         start = time.perf_counter()
         self._score(episodes)
         score_s = time.perf_counter() - start
+        reference_s = self._attach_reference(episodes, reference)
         valid = torch.tensor([e.reward_error is None for e in episodes]).view(len(problems), sampling.n)
         if self.config.algorithm.overlong_cache:
             self._add_overlong_penalty([e for e in episodes if e.reward_error is None])
@@ -214,7 +217,7 @@ class Session:
             e.advantage = a
         accuracy = sum(self.task.verify(e.completion, e.target) for e in episodes) / len(episodes)
         self.buffer.add(episodes)
-        rollout = Rollout(episodes, policy_version, accuracy, generate_s, score_s)
+        rollout = Rollout(episodes, policy_version, accuracy, generate_s, score_s, reference_s)
         self.metrics_stream.emit("rollout", step=self.step_count, **rollout.summary())
         return rollout
 
@@ -255,6 +258,22 @@ class Session:
                                                "error": scores.errors[i]})  # fmt: skip
                 else:
                     e.reward = scores.rewards[i]
+
+    def _reference_logprobs(self, episodes: list[Episode]) -> Future | None:
+        """Ask the reference model for the episodes' logprobs (None when no reference runs)."""
+        if self.reference is None:
+            return None
+        return self.reference.logprobs.call_one([e.prompt_ids for e in episodes], [e.completion_ids for e in episodes])
+
+    @staticmethod
+    def _attach_reference(episodes: list[Episode], reference: Future | None) -> float:
+        """Wait for `_reference_logprobs` and store them on the episodes -> seconds waited."""
+        if reference is None:
+            return 0.0
+        start = time.perf_counter()
+        for e, logprobs in zip(episodes, wait(reference)):
+            e.ref_logprobs = logprobs
+        return time.perf_counter() - start
 
     def _episodes(self, problems, completions, policy_version, probe: bool = False) -> list[Episode]:
         """Episodes in prompt-major order; probe episodes get sample_id -1 and use no ids."""
@@ -325,17 +344,16 @@ class Session:
             }
             self.metrics_stream.emit("train", step=self.step_count, **metrics)
             return metrics
-        prompts, completions = [e.prompt_ids for e in eps], [e.completion_ids for e in eps]
-        ref, ref_s = None, 0.0
+        ref = None
         if self.reference is not None:
-            start = time.perf_counter()
-            ref = wait(self.reference.logprobs.call_one(prompts, completions))
-            ref_s = time.perf_counter() - start
+            # Rollouts carry them already; a rollout made before the reference existed does not.
+            missing = [e for e in eps if e.ref_logprobs is None]
+            self._attach_reference(missing, self._reference_logprobs(missing) if missing else None)
+            ref = [e.ref_logprobs for e in eps]
         metrics = wait(self.trainer.train_step.call_one(
-            prompts, completions, [e.logprobs for e in eps], [e.advantage for e in eps], ref,
+            [e.prompt_ids for e in eps], [e.completion_ids for e in eps], [e.logprobs for e in eps],
+            [e.advantage for e in eps], ref,
         ))  # fmt: skip
-        if ref is not None:
-            metrics["reference_seconds"] = ref_s
         self._trainer_version = metrics["policy_version"]
         for e in eps:
             e.loss_version = metrics["loss_version"]
@@ -381,7 +399,7 @@ class Session:
             "step": self.step_count, "policy_version": refresh["version"],
             "mean_reward": rollout.mean_reward, "accuracy": rollout.accuracy,
             "tokens_per_s": rollout.tokens_per_s, "generate_s": rollout.generate_s,
-            "score_s": rollout.score_s, "train_s": train["train_seconds"],
+            "score_s": rollout.score_s, "reference_s": rollout.reference_s, "train_s": train["train_seconds"],
             "refresh_s": refresh["total_seconds"], "refresh_gbps": refresh["gbps"],
             "loss": train["loss"], "grad_norm": train["grad_norm"], "staleness": staleness,
             "step_s": time.perf_counter() - start,

@@ -31,6 +31,7 @@ class Episode:
     loss_version: int = 0
     rewards: dict[str, float] = field(default_factory=dict)
     reward_error: str | None = None  # why the live reward failed on this sample (then it is not trained on)
+    ref_logprobs: list[float] | None = None  # the frozen reference model's logprobs of completion_ids, if one runs
 
     @property
     def num_tokens(self) -> int:
@@ -39,7 +40,7 @@ class Episode:
     def row(self) -> dict:
         """A flat dict for tables (token lists left out; their lengths kept)."""
         out = asdict(self)
-        for key in ("prompt_ids", "completion_ids", "logprobs", "rewards"):
+        for key in ("prompt_ids", "completion_ids", "logprobs", "ref_logprobs", "rewards"):
             out.pop(key)
         out["num_tokens"] = self.num_tokens
         out.update({f"reward/{k}": v for k, v in self.rewards.items()})

@@ -22,7 +22,14 @@ def test_kl_to_the_frozen_reference_starts_at_zero_and_grows_as_the_policy_moves
     try:
         assert "reference" in s.status()["procs"]
         assert "KL(reference)" in s.registry.live("loss").code.origin
-        first = s.train(s.rollout())
+        rollout = s.rollout()
+        # The reference scored the rollout while the rewards were computed: each episode carries
+        # its logprobs, which at version 0 are the generator's own.
+        assert rollout.reference_s >= 0.0
+        for e in rollout.episodes:
+            assert len(e.ref_logprobs) == len(e.completion_ids)
+            assert max(abs(a - b) for a, b in zip(e.ref_logprobs, e.logprobs)) < 1e-5
+        first = s.train(rollout)
         assert abs(first["kl_ref"]) < 1e-6  # version 0 is the reference
         later = [s.step(1).iloc[0] for _ in range(4)]
         assert s.metrics_stream.to_pandas("train").kl_ref.iloc[-1] > 1e-4
@@ -33,7 +40,11 @@ def test_kl_to_the_frozen_reference_starts_at_zero_and_grows_as_the_policy_moves
             s.reference.logprobs.call_one(prompt, completion)
         )
         assert s.set_loss(KL_LOSS) == 1
-        assert s.train(s.rollout())["loss_version"] == 1
+        rollout = s.rollout()
+        for e in rollout.episodes:  # as a rollout made before the reference started would be
+            e.ref_logprobs = None
+        assert s.train(rollout)["loss_version"] == 1
+        assert all(e.ref_logprobs is not None for e in rollout.episodes)  # fetched for the step
     finally:
         s.down()
     assert wait_no_children() == []
