@@ -3,8 +3,9 @@
 Both sides: the bundled model, the addition task with its exact verifier as the only reward,
 P prompts x G samples per optimizer step, at most `max_tokens` new tokens, temperature 1, the GRPO loss
 (sequence-level, ratio clip 0.2, group-normalised advantages, no KL), AdamW at the same learning rate,
-grad-norm clip 1.0, float32 on the CPU. TRL runs in this process (HF `generate`, its default without
-vLLM); forge_nb runs its mesh (generator, trainer and reward procs) with each engine. Each side gets
+grad-norm clip 1.0, float32 on the CPU (the ratios are against TRL in float32; its default, bf16 autocast
+even on the CPU, is one more row). TRL runs in this process (HF `generate`, its default without vLLM);
+forge_nb runs its mesh (generator, trainer and reward procs) with each engine, and in async mode. Each side gets
 `--warmup` steps that are not timed, then `--steps` timed steps. Needs `pip install -e '.[bench]'`
 (`make bench-deps`).
 
@@ -44,7 +45,8 @@ def forge_steps_per_s(engine: str, mode: str, args: argparse.Namespace) -> tuple
         s.down()
 
 
-def trl_steps_per_s(args: argparse.Namespace) -> float:
+def trl_steps_per_s(args: argparse.Namespace, bf16: bool = False) -> float:
+    """TRL's steps/s; `bf16=True` is GRPOConfig's default (autocast, on the CPU too)."""
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
@@ -57,7 +59,8 @@ def trl_steps_per_s(args: argparse.Namespace) -> float:
         return [task.verify(c, t) for c, t in zip(completions, target)]
 
     class StepTimes(TrainerCallback):
-        times: list[float] = []
+        def __init__(self) -> None:
+            self.times: list[float] = []
 
         def on_step_end(self, *_, **__) -> None:
             self.times.append(time.perf_counter())
@@ -69,7 +72,7 @@ def trl_steps_per_s(args: argparse.Namespace) -> float:
         loss_type="grpo", scale_rewards="group", beta=0.0, epsilon=0.2, max_grad_norm=1.0, weight_decay=0.0,
         lr_scheduler_type="constant", warmup_steps=0, max_steps=args.warmup + args.steps, seed=0,
         dataloader_num_workers=0, disable_tqdm=True,
-        bf16=False,  # GRPOConfig defaults to bf16 autocast, on the CPU too; both sides run float32 here
+        bf16=bf16,
     )  # fmt: skip
     model = AutoModelForCausalLM.from_pretrained(str(BUNDLED_MODEL), dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(str(BUNDLED_MODEL))
@@ -99,6 +102,7 @@ def main() -> None:
         rates[name], train_s[name] = forge_steps_per_s(engine, mode, args)
     torch.set_num_threads(2)
     rates["TRL GRPOTrainer 1.16.0"] = trl = trl_steps_per_s(args)
+    rates["TRL, its default bf16 autocast"] = trl_steps_per_s(args, bf16=True)
     print(f"\nbundled model, addition task, {args.prompts} prompts x {args.group} samples per step, "
           f"<= {args.max_tokens} new tokens, GRPO loss, float32 CPU; {args.steps} timed steps after {args.warmup} "
           "warm-up; async: max staleness 1, 1 thread per proc\n")  # fmt: skip
