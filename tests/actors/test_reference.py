@@ -45,6 +45,11 @@ def test_kl_to_the_frozen_reference_starts_at_zero_and_grows_as_the_policy_moves
             e.ref_logprobs = None
         assert s.train(rollout)["loss_version"] == 1
         assert all(e.ref_logprobs is not None for e in rollout.episodes)  # fetched for the step
+        # Async: the generating thread gets the reference logprobs; every trained batch has its KL.
+        run = s.run(3, mode="async", max_staleness=1)
+        run.wait(120)
+        assert run.error is None and run.done == 3
+        assert s.metrics_stream.to_pandas("train").kl_ref.tail(3).notna().all()
     finally:
         s.down()
     assert wait_no_children() == []
