@@ -5,7 +5,8 @@ P prompts x G samples per optimizer step, at most `max_tokens` new tokens, tempe
 (sequence-level, ratio clip 0.2, group-normalised advantages, no KL), AdamW at the same learning rate,
 grad-norm clip 1.0, float32 on the CPU (the ratios are against TRL in float32; its default, bf16 autocast
 even on the CPU, is one more row). TRL runs in this process (HF `generate`, its default without vLLM);
-forge_nb runs its mesh (generator, trainer and reward procs) with each engine, and in async mode. Each side gets
+forge_nb runs its mesh (generator, trainer and reward procs) with each engine, and in async mode; its trainer
+leaves zero-advantage sequences out of the forward/backward (same loss and update, tested). Each side gets
 `--warmup` steps that are not timed, then `--steps` timed steps. Needs `pip install -e '.[bench]'`
 (`make bench-deps`).
 

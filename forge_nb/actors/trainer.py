@@ -45,7 +45,7 @@ class Trainer(Actor):
         self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype)).to(self.device)
         self.algorithm = algorithm
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=algorithm.lr, weight_decay=0.0)
-        self.loss_fn, self.loss_version = compile_function(loss), 0
+        self.loss_fn, self.loss_version, self.loss_inert = compile_function(loss), 0, loss.zero_advantage_inert
         self.pad_id, self.temperature = pad_id, temperature
         self.version = 0
         self.publisher = WeightPublisher(
@@ -55,7 +55,7 @@ class Trainer(Actor):
     @endpoint
     def set_loss(self, code: LiveCode, version: int) -> int:
         """Compile and make loss `version` live for the next batch -> the version now live."""
-        self.loss_fn, self.loss_version = compile_function(code), version
+        self.loss_fn, self.loss_version, self.loss_inert = compile_function(code), version, code.zero_advantage_inert
         return self.loss_version
 
     @endpoint
@@ -77,7 +77,7 @@ class Trainer(Actor):
         try:
             metrics = policy_step(
                 self.model, self.optimizer, batch, self.loss_fn, self.temperature,
-                self.algorithm.max_grad_norm, check_loss_value,
+                self.algorithm.max_grad_norm, check_loss_value, skip_zero_advantage=self.loss_inert,
             )  # fmt: skip
         except (CheckFailed, NonFiniteGradient) as e:
             raise LossFailed(f"loss v{self.loss_version} {e}; no optimizer step was taken") from None

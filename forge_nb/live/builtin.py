@@ -39,4 +39,5 @@ def builtin_loss(algorithm: AlgorithmConfig) -> LiveCode:
         "def loss(logprobs, old_logprobs, advantages, mask):\n"
         f"    return {a.loss}_loss(logprobs, old_logprobs, advantages, mask, {options})\n"
     )
-    return LiveCode("loss", "loss", source, f"built-in: {a.loss}")
+    # Every loss of the family is advantage x f(ratio) per token: 0, with no gradient, where A = 0.
+    return LiveCode("loss", "loss", source, f"built-in: {a.loss}", zero_advantage_inert=True)

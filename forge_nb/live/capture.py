@@ -30,6 +30,9 @@ class LiveCode:
     name: str
     source: str
     origin: str
+    # A loss whose value and gradient on a sequence with advantage 0 are exactly 0 (the built-in
+    # losses without KL): the trainer then leaves such sequences out of its forward and backward.
+    zero_advantage_inert: bool = False
 
 
 def from_function(kind: str, fn: Callable) -> LiveCode:

@@ -21,6 +21,11 @@ class TokenBatch:
     advantages: torch.Tensor  # [B] float, one per sequence
     ref_logprobs: torch.Tensor | None = None  # [B, L-1] float, reference-model logprobs (when a reference runs)
 
+    def select(self, rows: torch.Tensor) -> TokenBatch:
+        """The sequences at `rows` ([K] long), same width."""
+        picked = {k: (v[rows] if isinstance(v, torch.Tensor) else v) for k, v in self.__dict__.items()}
+        return TokenBatch(**picked)
+
     def to(self, device: torch.device | str) -> TokenBatch:
         """The same batch with every tensor on `device`."""
         moved = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in self.__dict__.items()}
