@@ -2,8 +2,8 @@
 
 Prompts are left-padded into one batch and prefilled once each (the n samples of a prompt share its
 prefill: the key/value cache is repeated n times after it), then decoded token by token reusing the
-cache. It exists for tests, for the single-process baseline, and for machines
-where vLLM cannot start.
+cache. It serves the tests, the single-process baseline and machines where vLLM cannot start; on a
+CPU it is also the faster engine for small models (`benchmarks/engines.py`).
 """
 
 from __future__ import annotations
