@@ -13,7 +13,7 @@ import ipywidgets as widgets
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-PHASES = ("generate_s", "score_s", "train_s", "refresh_s")
+PHASES = ("generate_s", "score_s", "reference_s", "train_s", "refresh_s")  # stacked: their sum ~ step time
 TRACES = ["mean_reward", "accuracy", "tokens_per_s", *PHASES, "refresh_gbps"]
 
 
