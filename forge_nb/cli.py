@@ -85,10 +85,9 @@ def main(argv: list[str] | None = None) -> None:
     except ConfigError as e:
         raise SystemExit(f"forge-nb: {e}") from None
     if args.command == "export":
-        from forge_nb.export import export_config
+        from forge_nb.export import export_config, run_hint
 
-        out = export_config(config, args.path, args.steps)
-        print(f"forge-nb: exported to {out}; run it with `sbatch {out / 'run.sbatch'}` or `python {out / 'run.py'}`")
+        print(f"forge-nb: {run_hint(export_config(config, args.path, args.steps))}")
         return None
     pd.set_option("display.width", 200)
     demo(args.minutes, args.steps, args.every, config)

@@ -129,6 +129,11 @@ def _write(out: Path, config: Config, changed: dict, live: dict[str, tuple[int, 
     return out
 
 
+def run_hint(out: Path) -> str:
+    """How to run an exported bundle, for the line printed after an export."""
+    return f"exported to {out}; run it with `sbatch {out / 'run.sbatch'}` or `python {out / 'run.py'}`"
+
+
 def sbatch_script(config: Config, out: Path) -> str:
     """#SBATCH lines from `config.slurm` (one node: the exported run uses a local mesh there)."""
     s = config.slurm

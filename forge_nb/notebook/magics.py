@@ -10,6 +10,7 @@ from IPython.core.magic import Magics, line_cell_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
 from forge_nb.config import Config, ConfigError, parse_overrides
+from forge_nb.export import run_hint
 from forge_nb.mesh import lifecycle
 
 SUBCOMMANDS = ("up", "status", "step", "run", "pause", "resume", "stop", "sync", "samples", "dashboard",
@@ -109,7 +110,7 @@ class ForgeMagics(Magics):
     def _export(self, rest: str):
         args = parse_argstring(self._export, rest)
         out = _session().export(args.path, args.steps)
-        print(f"forge_nb: exported to {out}; run it with `sbatch {out / 'run.sbatch'}` or `python {out / 'run.py'}`")
+        print(f"forge_nb: {run_hint(out)}")
         return out
 
     def _down(self, rest: str):
