@@ -45,7 +45,7 @@ class Trainer(Actor):
         self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype)).to(self.device)
         self.algorithm = algorithm
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=algorithm.lr, weight_decay=0.0)
-        self.loss_fn, self.loss_version, self.loss_inert = compile_function(loss), 0, loss.zero_advantage_inert
+        self._use_loss(loss, 0)
         self.pad_id, self.temperature = pad_id, temperature
         self.version = 0
         self.publisher = WeightPublisher(
@@ -55,8 +55,11 @@ class Trainer(Actor):
     @endpoint
     def set_loss(self, code: LiveCode, version: int) -> int:
         """Compile and make loss `version` live for the next batch -> the version now live."""
-        self.loss_fn, self.loss_version, self.loss_inert = compile_function(code), version, code.zero_advantage_inert
+        self._use_loss(code, version)
         return self.loss_version
+
+    def _use_loss(self, code: LiveCode, version: int) -> None:
+        self.loss_fn, self.loss_version, self.loss_inert = compile_function(code), version, code.zero_advantage_inert
 
     @endpoint
     def train_step(
