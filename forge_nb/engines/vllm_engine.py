@@ -17,7 +17,6 @@ import contextlib
 import os
 import sys
 import tempfile
-import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
@@ -73,7 +72,6 @@ class VllmEngine:
         self.llm = llm
         self.tokenizer = tokenizer
         self.eos_id: int = tokenizer.eos_token_id
-        self.start_s, self.start_log = 0.0, ""
 
     @classmethod
     def load(
@@ -95,12 +93,9 @@ class VllmEngine:
         initialisation (~25 s on 2 CPU cores).
         """
         _in_process_engine_env()
-        start = time.perf_counter()
         log = Path(tempfile.gettempdir()) / f"forge_nb_vllm_{os.getpid()}.log"
         with _output_to(log):
-            engine = cls._start(model_dir, dtype, max_model_len, seed, kv_cache_mb, gpu_memory_utilization, warm_up)
-        engine.start_s, engine.start_log = time.perf_counter() - start, str(log)
-        return engine
+            return cls._start(model_dir, dtype, max_model_len, seed, kv_cache_mb, gpu_memory_utilization, warm_up)
 
     @classmethod
     def _start(cls, model_dir, dtype, max_model_len, seed, kv_cache_mb, gpu_memory_utilization, warm_up) -> VllmEngine:
