@@ -35,12 +35,15 @@ def measure(mode: str, seconds: float, async_threads: int, engine: str) -> dict:
         trained = len(steps) * s.config.algorithm.prompts_per_step * s.config.algorithm.group_size
         tail = steps[steps.time >= steps.time.min() + 0.75 * (steps.time.max() - steps.time.min())]
         return {
-            "steps": len(steps), "samples_per_s": trained / elapsed,
-            "dropped": getattr(run, "dropped", 0), "final_reward": tail.mean_reward.mean(),
-            "heldout_before": before, "heldout_after": s.evaluate()["heldout_accuracy"],
+            "steps": len(steps),
+            "samples_per_s": trained / elapsed,
+            "dropped": getattr(run, "dropped", 0),
+            "final_reward": tail.mean_reward.mean(),
+            "heldout_before": before,
+            "heldout_after": s.evaluate()["heldout_accuracy"],
             "staleness": dict(getattr(run, "staleness", {0: len(steps)})),
             "phases": _phase_medians(steps),
-        }  # fmt: skip
+        }
     finally:
         s.down()
 
@@ -79,8 +82,10 @@ def main() -> None:
     print(f"{'mode':<7}{'steps':>7}{'samples/s':>11}{'dropped':>9}{'final reward':>14}{'held-out':>16}  staleness")
     for mode, r in results.items():
         heldout = f"{r['heldout_before']:.3f}->{r['heldout_after']:.3f}"
-        print(f"{mode:<7}{r['steps']:>7}{r['samples_per_s']:>11.1f}{r['dropped']:>9}{r['final_reward']:>14.3f}"
-              f"{heldout:>16}  {r['staleness']}")  # fmt: skip
+        print(
+            f"{mode:<7}{r['steps']:>7}{r['samples_per_s']:>11.1f}{r['dropped']:>9}{r['final_reward']:>14.3f}"
+            f"{heldout:>16}  {r['staleness']}"
+        )
     ratio = results["async"]["samples_per_s"] / results["sync"]["samples_per_s"]
     print(f"\nasync / sync samples/s: {ratio:.2f}x (goal >= 1.5x at equal or better reward)")
     print_ceiling(results["sync"]["phases"], results["async"]["phases"], os.cpu_count() or 1)

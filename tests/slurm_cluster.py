@@ -58,9 +58,19 @@ class LocalSlurm:
         key.write_bytes(os.urandom(1024))
         key.chmod(0o600)
         m = self.root / "munge"
-        self._spawn(["munged", "--foreground", "--force", f"--socket={self.munge_socket}", f"--key-file={key}",
-                     f"--log-file={self.root / 'log' / 'munged.log'}", f"--pid-file={m / 'munged.pid'}",
-                     f"--seed-file={m / 'munged.seed'}"], "munged")  # fmt: skip
+        self._spawn(
+            [
+                "munged",
+                "--foreground",
+                "--force",
+                f"--socket={self.munge_socket}",
+                f"--key-file={key}",
+                f"--log-file={self.root / 'log' / 'munged.log'}",
+                f"--pid-file={m / 'munged.pid'}",
+                f"--seed-file={m / 'munged.seed'}",
+            ],
+            "munged",
+        )
         deadline = time.monotonic() + 10
         while not self.munge_socket.exists():
             if time.monotonic() > deadline:

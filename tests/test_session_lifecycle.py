@@ -46,8 +46,9 @@ def test_bad_config_is_one_clear_error_and_starts_nothing(overrides, message):
 
 
 def test_dynamic_sampling_and_overlong_penalty_shape_the_train_batch():
-    s = forge_nb.up(prompts_per_step=6, group_size=4, threads_per_proc=1, dynamic_sampling=True,
-                    overlong_cache=3, max_tokens=4)  # fmt: skip
+    s = forge_nb.up(
+        prompts_per_step=6, group_size=4, threads_per_proc=1, dynamic_sampling=True, overlong_cache=3, max_tokens=4
+    )
     try:
         r = s.rollout()
         for e in r.episodes:

@@ -94,9 +94,12 @@ class TorchEngine:
                 break
             mask = torch.cat([mask, torch.ones((batch, 1), dtype=torch.long)], dim=1)
             out = self.model(
-                input_ids=token[:, None], attention_mask=mask, position_ids=next_pos,
-                past_key_values=cache, use_cache=True,
-            )  # fmt: skip
+                input_ids=token[:, None],
+                attention_mask=mask,
+                position_ids=next_pos,
+                past_key_values=cache,
+                use_cache=True,
+            )
             cache, logits, next_pos = out.past_key_values, out.logits[:, -1], next_pos + 1
         return _unpad(torch.stack(tokens, 1), torch.stack(logps, 1), torch.stack(alive, 1), done)
 

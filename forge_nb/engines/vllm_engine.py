@@ -135,10 +135,15 @@ class VllmEngine:
 
         seed = None if sampling.seed is None else sampling.seed + prompt_index * sampling.n
         return VllmSamplingParams(
-            n=sampling.n, temperature=sampling.temperature, top_p=sampling.top_p, max_tokens=sampling.max_tokens,
-            seed=seed, stop=list(sampling.stop) or None, logprobs=0,  # 0: only the sampled token's logprob
+            n=sampling.n,
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            max_tokens=sampling.max_tokens,
+            seed=seed,
+            stop=list(sampling.stop) or None,
+            logprobs=0,  # 0: only the sampled token's logprob
             detokenize=bool(sampling.stop),  # stop strings need text; otherwise we decode once ourselves
-        )  # fmt: skip
+        )
 
     def _completion(self, prompt_ids: list[int], out, stop: tuple[str, ...]) -> Completion:
         ids = list(out.token_ids)

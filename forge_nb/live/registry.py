@@ -73,14 +73,19 @@ class Registry:
     def to_pandas(self, kind: str | None = None) -> pd.DataFrame:
         rows = [
             {
-                "kind": r.kind, "version": r.version, "status": r.status, "name": r.code.name,
-                "origin": r.code.origin, "created": pd.Timestamp(r.created, unit="s"),
-                "validation_s": r.validation.get("seconds"), "error": r.validation.get("error"),
+                "kind": r.kind,
+                "version": r.version,
+                "status": r.status,
+                "name": r.code.name,
+                "origin": r.code.origin,
+                "created": pd.Timestamp(r.created, unit="s"),
+                "validation_s": r.validation.get("seconds"),
+                "error": r.validation.get("error"),
                 "source": r.code.source,
             }
             for r in self.records
             if kind is None or r.kind == kind
-        ]  # fmt: skip
+        ]
         df = pd.DataFrame(rows)
         if not df.empty:
             df["version"] = df["version"].astype("Int64")  # rejected candidates have none

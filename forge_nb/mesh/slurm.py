@@ -81,13 +81,17 @@ class Slurm2205Job(SlurmJob):
                     return names
             elif info is None or any(s in _TERMINAL for s in state):
                 self._kill()
-                raise SlurmError(f"Slurm job {job_id} ended before its workers started (state {state}); "
-                                 f"see the logs in {self._log_dir}")  # fmt: skip
+                raise SlurmError(
+                    f"Slurm job {job_id} ended before its workers started (state {state}); "
+                    f"see the logs in {self._log_dir}"
+                )
             time.sleep(0.5)
         reason = (info or {}).get("state_reason", "unknown")
         self._kill()
-        raise SlurmError(f"Slurm job {job_id} was still pending after {timeout} s (reason: {reason}); it was "
-                         "cancelled. Raise slurm.start_timeout_s or ask for fewer resources.")  # fmt: skip
+        raise SlurmError(
+            f"Slurm job {job_id} was still pending after {timeout} s (reason: {reason}); it was "
+            "cancelled. Raise slurm.start_timeout_s or ask for fewer resources."
+        )
 
 
 def _worker_identity(job_id: str) -> tuple[int, list]:
@@ -132,16 +136,26 @@ class SlurmMesh(LocalMesh):
         self.cfg = cfg
         missing = [tool for tool in ("sbatch", "squeue", "scancel", "scontrol") if shutil.which(tool) is None]
         if missing:
-            raise SlurmError(f"{', '.join(missing)} not found: mesh.kind='slurm' needs Slurm's client tools on PATH "
-                             "(run the kernel on a Slurm login or submit host)")  # fmt: skip
+            raise SlurmError(
+                f"{', '.join(missing)} not found: mesh.kind='slurm' needs Slurm's client tools on PATH "
+                "(run the kernel on a Slurm login or submit host)"
+            )
         meshes = {role: 1 for role in ROLES} if cfg.separate_hosts else {"node": 1}
         self.job = Slurm2205Job(
-            meshes=meshes, python_exe=sys.executable, slurm_args=list(cfg.sbatch_args),
-            monarch_port=cfg.port or free_port(), job_name="forge_nb", time_limit=cfg.time_limit or None,
+            meshes=meshes,
+            python_exe=sys.executable,
+            slurm_args=list(cfg.sbatch_args),
+            monarch_port=cfg.port or free_port(),
+            job_name="forge_nb",
+            time_limit=cfg.time_limit or None,
             partition=cfg.partition or None,
-            log_dir=os.path.abspath(cfg.log_dir), exclusive=cfg.exclusive, gpus_per_node=cfg.gpus_per_node or None,
-            job_start_timeout=int(cfg.start_timeout_s), account=cfg.account or None, qos=cfg.qos or None,
-        )  # fmt: skip
+            log_dir=os.path.abspath(cfg.log_dir),
+            exclusive=cfg.exclusive,
+            gpus_per_node=cfg.gpus_per_node or None,
+            job_start_timeout=int(cfg.start_timeout_s),
+            account=cfg.account or None,
+            qos=cfg.qos or None,
+        )
         if not hostname_is_routable():
             # SlurmJob sets the client's transport to "TCP at my hostname", which Monarch refuses when the
             # name resolves to loopback only. Then no other host could reach us anyway: the cluster is
@@ -182,8 +196,10 @@ class SlurmMesh(LocalMesh):
         self.job._slurm_job_id = job_id
         self.job._port, self.job._service_proc_ids = _worker_identity(job_id)
         if len(self.job._service_proc_ids) != sum(self.job._meshes.values()):
-            raise SlurmError(f"slurm.job_id={job_id}: its workers were started for another layout "
-                             f"(slurm.separate_hosts must match the session that started it)")  # fmt: skip
+            raise SlurmError(
+                f"slurm.job_id={job_id}: its workers were started for another layout "
+                f"(slurm.separate_hosts must match the session that started it)"
+            )
         self.job._status = "running"
 
     def host(self, role: str) -> Any:

@@ -112,9 +112,12 @@ class Dashboard:
 
 def _figure() -> go.FigureWidget:
     fig = make_subplots(
-        rows=2, cols=2, horizontal_spacing=0.08, vertical_spacing=0.16,
+        rows=2,
+        cols=2,
+        horizontal_spacing=0.08,
+        vertical_spacing=0.16,
         subplot_titles=("reward and accuracy", "generated tokens/s", "time per phase (s)", "refresh GB/s"),
-    )  # fmt: skip
+    )
     placement = {"mean_reward": (1, 1), "accuracy": (1, 1), "tokens_per_s": (1, 2), "refresh_gbps": (2, 2)}
     placement.update({p: (2, 1) for p in PHASES})
     for name in TRACES:

@@ -13,8 +13,22 @@ from forge_nb.config import Config, ConfigError, parse_overrides
 from forge_nb.export import run_hint
 from forge_nb.mesh import lifecycle
 
-SUBCOMMANDS = ("up", "status", "step", "run", "pause", "resume", "stop", "sync", "samples", "dashboard",
-               "versions", "eval", "export", "down")  # fmt: skip
+SUBCOMMANDS = (
+    "up",
+    "status",
+    "step",
+    "run",
+    "pause",
+    "resume",
+    "stop",
+    "sync",
+    "samples",
+    "dashboard",
+    "versions",
+    "eval",
+    "export",
+    "down",
+)
 
 
 class ForgeMagicError(ValueError):

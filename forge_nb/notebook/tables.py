@@ -4,8 +4,18 @@ from __future__ import annotations
 
 import pandas as pd
 
-SAMPLE_COLUMNS = ["sample_id", "prompt", "completion", "target", "reward", "advantage",
-                  "policy_version", "reward_version", "loss_version", "reward_error"]  # fmt: skip
+SAMPLE_COLUMNS = [
+    "sample_id",
+    "prompt",
+    "completion",
+    "target",
+    "reward",
+    "advantage",
+    "policy_version",
+    "reward_version",
+    "loss_version",
+    "reward_error",
+]
 
 
 def samples_table(session, n: int = 16) -> pd.DataFrame:
