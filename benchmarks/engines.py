@@ -26,9 +26,9 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig
 
-from forge_nb.config import BUNDLED_MODEL
 from forge_nb.engines.base import SamplingParams
 from forge_nb.engines.torch_engine import TorchEngine
+from forge_nb.models import BUNDLED_MODEL
 from forge_nb.tasks import make_task
 
 BATCHES = [(8, 8), (32, 8), (128, 8)]  # (prompts, samples per prompt)
@@ -57,9 +57,17 @@ def random_model(width: int, layers: int, out: Path) -> Path:
     tokenizer, saved as an HF directory in `out`."""
     tokenizer = AutoTokenizer.from_pretrained(str(BUNDLED_MODEL))
     base = LlamaConfig.from_pretrained(str(BUNDLED_MODEL))
-    config = LlamaConfig(**{**base.to_dict(), "hidden_size": width, "intermediate_size": 3 * width,
-                            "num_hidden_layers": layers, "num_attention_heads": width // 64,
-                            "num_key_value_heads": width // 64, "head_dim": 64})  # fmt: skip
+    config = LlamaConfig(
+        **{
+            **base.to_dict(),
+            "hidden_size": width,
+            "intermediate_size": 3 * width,
+            "num_hidden_layers": layers,
+            "num_attention_heads": width // 64,
+            "num_key_value_heads": width // 64,
+            "head_dim": 64,
+        }
+    )
     torch.manual_seed(0)
     AutoModelForCausalLM.from_config(config).save_pretrained(out)
     tokenizer.save_pretrained(out)
@@ -93,9 +101,11 @@ def main() -> None:
     vllm_rates = measure(vllm, batches, args.max_tokens, args.repeats)
 
     name = f"random {args.random}" if args.random else ("bundled" if args.model == BUNDLED_MODEL else args.model)
-    print(f"\nmodel {name} ({params / 1e6:.1f}M params), float32, temperature 1, max {args.max_tokens} new tokens, "
-          f"{args.threads} torch threads (torch engine); vLLM start incl. warm-up {vllm_start:.1f} s; "
-          f"median of {args.repeats} batches\n")  # fmt: skip
+    print(
+        f"\nmodel {name} ({params / 1e6:.1f}M params), float32, temperature 1, max {args.max_tokens} new tokens, "
+        f"{args.threads} torch threads (torch engine); vLLM start incl. warm-up {vllm_start:.1f} s; "
+        f"median of {args.repeats} batches\n"
+    )
     print(f"{'prompts x n':>12}{'torch tok/s':>14}{'vLLM tok/s':>14}{'vLLM/torch':>12}")
     for key in BATCHES:
         ratio = vllm_rates[key] / torch_rates[key]

@@ -33,7 +33,7 @@ def measure(session, kind: str, swaps: int) -> list[dict]:
         version = setter(source)
         returned = time.perf_counter()
         if kind == "reward":
-            live = set(session.rewards.version_live.call().get().values())
+            live = set(session.actors.rewards.version_live.call().get().values())
         else:
             live = {session.registry.live("loss").version}
         assert live == {version}, (live, version)
@@ -53,8 +53,10 @@ def main() -> None:
         results = {kind: measure(session, kind, args.swaps) for kind in ("reward", "loss")}
     finally:
         session.down()
-    print(f"\nhot-swap on the local mesh, {args.reward_procs} reward procs, probe of "
-          f"{session.config.live.probe_size} recent samples, {args.swaps} swaps each (ms)\n")  # fmt: skip
+    print(
+        f"\nhot-swap on the local mesh, {args.reward_procs} reward procs, probe of "
+        f"{session.config.live.probe_size} recent samples, {args.swaps} swaps each (ms)\n"
+    )
     print(f"{'kind':<8}{'validate p50':>14}{'swap p50':>11}{'swap max':>11}{'total p50':>12}")
     for kind, rows in results.items():
         p50 = {k: statistics.median(r[k] for r in rows) * 1e3 for k in rows[0]}

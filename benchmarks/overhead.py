@@ -1,8 +1,9 @@
 """Mesh overhead: the same GRPO step in a plain single-process loop and through forge_nb's mesh.
 
 Both sides do identical work per step -- generate P x G samples with the torch engine, score them
-with the task verifier, group-relative advantages, one GRPO optimizer step, copy the new weights
-into the generator -- on the bundled model, with the same seeds and torch thread budget. The plain
+with the task verifier, group-relative advantages, one GRPO optimizer step (both leave the
+zero-advantage rows out of the forward/backward), copy the new weights into the generator -- on the
+bundled model, with the same seeds and torch thread budget. The plain
 loop copies weights with a memcpy; the mesh moves them over Monarch RDMA between procs.
 Blocks of steps alternate between the two so machine noise hits both alike.
 
@@ -22,6 +23,7 @@ from transformers import AutoModelForCausalLM
 import forge_nb
 from forge_nb.config import Config
 from forge_nb.engines.torch_engine import TorchEngine
+from forge_nb.live.builtin import builtin_loss
 from forge_nb.rl.advantages import group_relative
 from forge_nb.rl.batch import collate
 from forge_nb.rl.losses import grpo_loss
@@ -40,6 +42,9 @@ class PlainLoop:
         a = config.algorithm
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=a.lr, weight_decay=0.0)
         self.loss_fn = functools.partial(grpo_loss, clip_eps=a.clip_eps, token_level=a.token_level)
+        # The mesh's trainer leaves zero-advantage rows out of its forward/backward with this loss; so does
+        # this loop, so that the ratio measures orchestration only.
+        self.skip_zero_advantage = builtin_loss(a).zero_advantage_inert
         self.task = make_task(config.task.name, config.seed + 1, max_digits=config.task.max_digits)
         self.steps = 0
 
@@ -55,10 +60,21 @@ class PlainLoop:
         adv = group_relative(torch.tensor(rewards).view(len(problems), sampling.n), a.normalize_std).flatten()
         t2 = time.perf_counter()
         batch = collate(
-            [c.prompt_ids for c in flat], [c.token_ids for c in flat], self.engine.pad_id,
-            [c.logprobs for c in flat], adv.tolist(),
-        )  # fmt: skip
-        policy_step(self.model, self.optimizer, batch, self.loss_fn, sampling.temperature, a.max_grad_norm)
+            [c.prompt_ids for c in flat],
+            [c.token_ids for c in flat],
+            self.engine.pad_id,
+            [c.logprobs for c in flat],
+            adv.tolist(),
+        )
+        policy_step(
+            self.model,
+            self.optimizer,
+            batch,
+            self.loss_fn,
+            sampling.temperature,
+            a.max_grad_norm,
+            skip_zero_advantage=self.skip_zero_advantage,
+        )
         t3 = time.perf_counter()
         self.engine.load_weights(self.model.named_parameters())
         t4 = time.perf_counter()
@@ -94,9 +110,11 @@ def main() -> None:
 
 def report(plain_rows: list[dict], mesh_rows: list[dict], config: Config) -> None:
     a = config.algorithm
-    print(f"\nGRPO step, bundled model, {a.prompts_per_step} prompts x {a.group_size} samples, "
-          f"{config.engine.max_tokens} max new tokens, {config.mesh.threads_per_proc} torch threads per process; "
-          f"{len(plain_rows)} steps each side, interleaved blocks\n")  # fmt: skip
+    print(
+        f"\nGRPO step, bundled model, {a.prompts_per_step} prompts x {a.group_size} samples, "
+        f"{config.engine.max_tokens} max new tokens, {config.mesh.threads_per_proc} torch threads per process; "
+        f"{len(plain_rows)} steps each side, interleaved blocks\n"
+    )
     print(f"{'phase (median s)':<18}{'plain loop':>12}{'forge_nb mesh':>15}{'ratio':>8}")
     for phase in ("generate_s", "score_s", "train_s", "refresh_s", "step_s"):
         p = statistics.median(r[phase] for r in plain_rows)

@@ -21,16 +21,23 @@ import time
 import torch
 
 import forge_nb
-from forge_nb.config import BUNDLED_MODEL
 from forge_nb.engines.vllm_engine import vllm_available
+from forge_nb.models import BUNDLED_MODEL
 from forge_nb.tasks import make_task
 
 
 def forge_steps_per_s(engine: str, mode: str, args: argparse.Namespace) -> tuple[float, float]:
     """-> (steps/s over the timed steps, median trainer seconds per step)."""
     threads = args.threads if mode == "sync" else 1  # async: generator and trainer share the cores
-    s = forge_nb.up(engine=engine, prompts_per_step=args.prompts, group_size=args.group, max_tokens=args.max_tokens,
-                    threads_per_proc=threads, lr=args.lr, loss="grpo")  # fmt: skip
+    s = forge_nb.up(
+        engine=engine,
+        prompts_per_step=args.prompts,
+        group_size=args.group,
+        max_tokens=args.max_tokens,
+        threads_per_proc=threads,
+        lr=args.lr,
+        loss="grpo",
+    )
     try:
         if mode == "sync":
             s.step(args.warmup, progress=False)
@@ -67,19 +74,42 @@ def trl_steps_per_s(args: argparse.Namespace, bf16: bool = False) -> float:
             self.times.append(time.perf_counter())
 
     config = GRPOConfig(
-        output_dir="/tmp/forge_nb_vs_trl", use_cpu=True, report_to="none", save_strategy="no", logging_steps=10_000,
-        per_device_train_batch_size=args.prompts * args.group, num_generations=args.group,
-        max_completion_length=args.max_tokens, temperature=1.0, top_p=1.0, learning_rate=args.lr,
-        loss_type="grpo", scale_rewards="group", beta=0.0, epsilon=0.2, max_grad_norm=1.0, weight_decay=0.0,
-        lr_scheduler_type="constant", warmup_steps=0, max_steps=args.warmup + args.steps, seed=0,
-        dataloader_num_workers=0, disable_tqdm=True,
+        output_dir="/tmp/forge_nb_vs_trl",
+        use_cpu=True,
+        report_to="none",
+        save_strategy="no",
+        logging_steps=10_000,
+        per_device_train_batch_size=args.prompts * args.group,
+        num_generations=args.group,
+        max_completion_length=args.max_tokens,
+        temperature=1.0,
+        top_p=1.0,
+        learning_rate=args.lr,
+        loss_type="grpo",
+        scale_rewards="group",
+        beta=0.0,
+        epsilon=0.2,
+        max_grad_norm=1.0,
+        weight_decay=0.0,
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        max_steps=args.warmup + args.steps,
+        seed=0,
+        dataloader_num_workers=0,
+        disable_tqdm=True,
         bf16=bf16,
-    )  # fmt: skip
+    )
     model = AutoModelForCausalLM.from_pretrained(str(BUNDLED_MODEL), dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(str(BUNDLED_MODEL))
     times = StepTimes()
-    trainer = GRPOTrainer(model=model, reward_funcs=reward, args=config, train_dataset=dataset,
-                          processing_class=tokenizer, callbacks=[times])  # fmt: skip
+    trainer = GRPOTrainer(
+        model=model,
+        reward_funcs=reward,
+        args=config,
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        callbacks=[times],
+    )
     trainer.train()
     timed = times.times[args.warmup - 1 :]  # from the end of the last warm-up step
     return (len(timed) - 1) / (timed[-1] - timed[0])
@@ -104,9 +134,11 @@ def main() -> None:
     torch.set_num_threads(2)
     rates["TRL GRPOTrainer 1.16.0"] = trl = trl_steps_per_s(args)
     rates["TRL, its default bf16 autocast"] = trl_steps_per_s(args, bf16=True)
-    print(f"\nbundled model, addition task, {args.prompts} prompts x {args.group} samples per step, "
-          f"<= {args.max_tokens} new tokens, GRPO loss, float32 CPU; {args.steps} timed steps after {args.warmup} "
-          "warm-up; async: max staleness 1, 1 thread per proc\n")  # fmt: skip
+    print(
+        f"\nbundled model, addition task, {args.prompts} prompts x {args.group} samples per step, "
+        f"<= {args.max_tokens} new tokens, GRPO loss, float32 CPU; {args.steps} timed steps after {args.warmup} "
+        "warm-up; async: max staleness 1, 1 thread per proc\n"
+    )
     print(f"{'':<32}{'steps/s':>10}{'vs TRL':>9}{'train s/step':>14}")
     for name, rate in rates.items():
         train = f"{train_s[name]:>14.4f}" if name in train_s else ""

@@ -13,8 +13,18 @@ import pandas as pd
 
 from forge_nb.config import Config, ConfigError, parse_overrides
 
-DEMO_COLUMNS = ["policy_version", "mean_reward", "accuracy", "tokens_per_s", "generate_s", "score_s", "train_s",
-                "refresh_s", "refresh_gbps", "step_s"]  # fmt: skip
+DEMO_COLUMNS = [
+    "policy_version",
+    "mean_reward",
+    "accuracy",
+    "tokens_per_s",
+    "generate_s",
+    "score_s",
+    "train_s",
+    "refresh_s",
+    "refresh_gbps",
+    "step_s",
+]
 
 
 def demo(minutes: float, steps: int | None, every: int, config: Config) -> pd.DataFrame:
@@ -36,8 +46,10 @@ def demo(minutes: float, steps: int | None, every: int, config: Config) -> pd.Da
     table = pd.concat(frames)
     first, last = table.head(every), table.tail(every)
     print(f"held-out accuracy after:  {after:.3f}  (before {before:.3f})")
-    print(f"mean reward, first {len(first)} steps: {first.mean_reward.mean():.3f}; "
-          f"last {len(last)} steps: {last.mean_reward.mean():.3f}")  # fmt: skip
+    print(
+        f"mean reward, first {len(first)} steps: {first.mean_reward.mean():.3f}; "
+        f"last {len(last)} steps: {last.mean_reward.mean():.3f}"
+    )
     return table
 
 
@@ -51,10 +63,24 @@ def _print_rows(chunk: pd.DataFrame, header: bool) -> None:
     print(f"{chunk.index[0]:>4}-{chunk.index[-1]:<4} " + " ".join(cells), flush=True)
 
 
+def benchmarks_dir() -> Path | None:
+    """benchmarks/ of the source checkout this package runs from, else of the working directory."""
+    for root in (Path(__file__).resolve().parent.parent, Path.cwd()):
+        if (root / "benchmarks").is_dir() and (root / "forge_nb").is_dir():
+            return root / "benchmarks"
+    return None
+
+
 def bench(name: str, args: list[str]) -> None:
-    script = Path(__file__).resolve().parent.parent / "benchmarks" / f"{name}.py"
+    folder = benchmarks_dir()
+    if folder is None:
+        raise SystemExit(
+            "forge-nb bench: the benchmarks ship with the source, not the installed package; run it from a "
+            "checkout of forge_nb (git clone, then `pip install -e .` and `forge-nb bench NAME` there)"
+        )
+    script = folder / f"{name}.py"
     if not script.is_file():
-        known = sorted(p.stem for p in script.parent.glob("*.py")) if script.parent.is_dir() else []
+        known = sorted(p.stem for p in folder.glob("*.py"))
         raise SystemExit(f"forge-nb bench: no benchmark {name!r}; known: {known}")
     sys.argv = [str(script), *args]
     runpy.run_path(str(script), run_name="__main__")

@@ -15,8 +15,6 @@ from typing import Any
 
 import yaml
 
-BUNDLED_MODEL = Path(__file__).parent / "models" / "bundled"
-
 
 class ConfigError(ValueError):
     """A configuration value that cannot be used; the message names the field."""
@@ -24,12 +22,14 @@ class ConfigError(ValueError):
 
 @dataclass
 class ModelConfig:
-    path: str = "bundled"  # "bundled" or any HF causal-LM directory (config.json, safetensors, tokenizer)
+    path: str = "bundled"  # a name in forge_nb.models.MODELS, or any HF causal-LM directory
     dtype: str = "float32"  # training and serving dtype
     device: str = "auto"  # where the trainer and reference models run: "cpu", "cuda", or "auto" (cuda if present)
 
     def resolved_path(self) -> Path:
-        return BUNDLED_MODEL if self.path == "bundled" else Path(self.path).expanduser()
+        from forge_nb.models import resolve_model
+
+        return resolve_model(self.path)
 
     @property
     def resolved_device(self) -> str:

@@ -7,45 +7,43 @@ It reads like the training loop it drives::
     m = s.train(r)              # one GRPO step on the trainer; policy version v -> v + 1
     w = s.sync()                # generator pulls v + 1 (/dev/shm on this host, Monarch RDMA across hosts)
     s.down()                    # every proc stopped
+
+The actor calls are in `mesh.roles`, the pure steps between them in `rl.rollout`, the background
+runs in `loop`, and every reward / loss version in `live.manager`.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
-import torch
-from monarch.actor import Future
 from tqdm.auto import tqdm
 from transformers import AutoTokenizer
 
-from forge_nb.actors.generator import Generator
-from forge_nb.actors.reference import Reference
-from forge_nb.actors.reward import RewardWorker
-from forge_nb.actors.trainer import Trainer
-from forge_nb.async_run import AsyncRun
-from forge_nb.background import BackgroundRun
+from forge_nb import evaluation
+from forge_nb.actors.trainer import TrainResult
 from forge_nb.config import Config
 from forge_nb.engines.base import SamplingParams
-from forge_nb.live import swap
-from forge_nb.live.builtin import builtin_loss, builtin_reward
+from forge_nb.export import export_bundle
 from forge_nb.live.capture import LiveCode
-from forge_nb.live.probe import reward_batch
+from forge_nb.live.manager import KINDS, LiveCodeManager
 from forge_nb.live.registry import Registry
+from forge_nb.loop import AsyncRun, BackgroundRun, RunSlot, StepRow, sync_step
 from forge_nb.mesh import lifecycle
-from forge_nb.mesh.calls import wait
-from forge_nb.mesh.local import LocalMesh
-from forge_nb.mesh.slurm import SlurmError, SlurmMesh
+from forge_nb.mesh.roles import Roles
+from forge_nb.mesh.slurm import SlurmError
 from forge_nb.metrics import MetricsStream
-from forge_nb.rl.advantages import group_relative, overlong_penalty
+from forge_nb.rewards.batch import reward_batch
+from forge_nb.rl import rollout as pipeline
+from forge_nb.rl.batch import TrainBatch
 from forge_nb.rl.episode import Episode
 from forge_nb.rl.replay import ReplayBuffer
-from forge_nb.rollout import Rollout
+from forge_nb.rl.rollout import EmptyTrainBatch, Rollout
 from forge_nb.tasks import Problem, make_task
 
 
@@ -54,33 +52,29 @@ class SessionError(RuntimeError):
 
 
 class Session:
-    """Owns the mesh, the task stream, the replay buffer and the metrics stream of one run."""
+    """Owns the mesh, the task stream, the replay buffer, live code and the metrics stream of one run."""
 
     def __init__(self, config: Config) -> None:
         self.config = config.validate()
         self.metrics_stream = MetricsStream()
         self.buffer = ReplayBuffer()
-        self.task = make_task(config.task.name, config.seed, max_digits=config.task.max_digits,
-                              eval_size=config.task.eval_size)  # fmt: skip
-        self.step_count = 0
+        t = config.task
+        self.task = make_task(t.name, config.seed, max_digits=t.max_digits, eval_size=t.eval_size)
+        self.step_count = 0  # trained batches
+        self.rollout_count = 0  # rollouts made: each samples with its own seed
         self._next_sample_id = 0
-        self._mesh: LocalMesh | SlurmMesh | None = None
+        self.actors: Roles | None = None
         self._trainer_version = 0
         self._generator_version = 0
         self._dashboards: list = []
-        self.registry = Registry()
-        self.registry.add_builtin("reward", builtin_reward(config.task, config.seed))
-        self.registry.add_builtin("loss", builtin_loss(config.algorithm))
+        self.live_code = LiveCodeManager(config, host=self)
         self.reward_errors: list[dict] = []
         # The generator side (rollout, sync, reward swaps) and the trainer side (train, loss swaps) each
         # hold their lock for a whole batch, so swaps and calls from cells land between batches; a
         # synchronous step holds both, the async run lets the two sides overlap.
         self.generation_lock = threading.RLock()
         self.training_lock = threading.RLock()
-        self._run: BackgroundRun | None = None
-        self.reference = None  # the frozen reference-model actor, when algorithm.kl_coef > 0
-
-    # -- lifecycle ---------------------------------------------------------------------------
+        self.runs = RunSlot()
 
     @classmethod
     def up(cls, config: Config | None = None, **overrides: Any) -> Session:
@@ -90,84 +84,39 @@ class Session:
         return session
 
     def _start(self) -> None:
-        cfg, model_dir = self.config, str(self.config.model.resolved_path())
-        self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
-        self._mesh = mesh = self._make_mesh()
-        threads = cfg.mesh.threads_per_proc
+        cfg = self.config
+        self.tokenizer = AutoTokenizer.from_pretrained(str(cfg.model.resolved_path()))
+        self.engine_name = cfg.engine.resolved_name
+        live = {kind: self.live_code.live(kind).code for kind in KINDS}
         try:
-            self.engine_name = cfg.engine.resolved_name
-            self.generator = mesh.spawn("generator", Generator, model_dir, cfg.serve_dtype, threads,
-                                        self.engine_name, self._engine_options(),
-                                        procs=cfg.mesh.generator_procs)  # fmt: skip
-            self.trainer = mesh.spawn("trainer", Trainer, model_dir, cfg.model.dtype, threads, cfg.algorithm,
-                                      self.tokenizer.pad_token_id, cfg.engine.temperature,
-                                      self.registry.live("loss").code, cfg.serve_dtype,
-                                      cfg.weights.chunk_mb, cfg.model.resolved_device)  # fmt: skip
-            self.rewards = mesh.spawn("reward", RewardWorker, self.registry.live("reward").code, 0,
-                                      cfg.live.timeout_s, procs=cfg.mesh.reward_procs)  # fmt: skip
-            if cfg.algorithm.kl_coef > 0:
-                self.reference = mesh.spawn("reference", Reference, model_dir, cfg.model.dtype, threads,
-                                            self.tokenizer.pad_token_id, cfg.engine.temperature,
-                                            cfg.model.resolved_device)  # fmt: skip
+            self.actors = Roles.start(cfg, self.engine_name, self.tokenizer.pad_token_id, live["reward"], live["loss"])
+        except SlurmError as e:
+            raise SessionError(f"forge_nb: the Slurm mesh failed to start: {e}") from None
+        except Exception as e:
+            raise SessionError(f"forge_nb: the mesh failed to start ({type(e).__name__}): {e}") from e
+        try:
             # Registered after the spawns, so our exit hook runs before the ones Monarch adds there.
             lifecycle.register(self)
-            self.pids = self._wait_ready()
-            manifest = wait(self.trainer.weights_manifest.call_one())
-            transports = set(wait(self.generator.attach.call(manifest, cfg.weights.transport)).values())
-            self.weights_transport = "+".join(sorted(transports))
-            wait(self.trainer.unlink_shared_memory.call_one())
+            self.actors.wait_ready()
+            self.actors.attach_weights(cfg.weights.transport)
         except Exception as e:
             self.down()
             raise SessionError(f"forge_nb: the mesh failed to start ({type(e).__name__}): {e}") from e
 
-    def _make_mesh(self) -> LocalMesh | SlurmMesh:
-        """This host's procs, or a Slurm job's nodes (submitted or attached; waits until it runs)."""
-        if self.config.mesh.kind == "local":
-            return LocalMesh()
-        try:
-            return SlurmMesh(self.config.slurm)
-        except SlurmError as e:
-            raise SessionError(f"forge_nb: the Slurm mesh failed to start: {e}") from None
-
-    def _engine_options(self) -> dict[str, Any]:
-        if self.engine_name != "vllm":
-            return {}
-        e = self.config.engine
-        return {"max_model_len": e.max_model_len or None, "seed": self.config.seed, "kv_cache_mb": e.kv_cache_mb,
-                "gpu_memory_utilization": e.gpu_memory_utilization}  # fmt: skip
-
-    def _wait_ready(self) -> dict[str, list[int]]:
-        """Ask every actor for its pid: returns once each constructor has finished (or raises its error)."""
-        pids = {}
-        roles = [("generator", self.generator), ("trainer", self.trainer), ("reward", self.rewards)]
-        roles += [("reference", self.reference)] if self.reference is not None else []
-        with tqdm(total=len(roles), desc="forge_nb up: starting actors", leave=False) as bar:
-            for role, mesh in roles:
-                bar.set_postfix_str(f"generator ({self.engine_name} engine)" if role == "generator" else role)
-                pids[role] = [pid for _, pid in wait(mesh.pid.call()).items()]
-                bar.update()
-        return pids
-
     @property
     def is_up(self) -> bool:
-        return self._mesh is not None
+        return self.actors is not None
 
     def down(self) -> None:
         """Stop every proc this session started. Safe to call twice."""
-        if self._run is not None:
-            self._run.stop()
+        self.runs.stop()
         for board in self._dashboards:
             board.close()
-        mesh, self._mesh = self._mesh, None
+        actors, self.actors = self.actors, None
         lifecycle.unregister(self)
-        if mesh is None:
+        if actors is None:
             return
-        if hasattr(self, "trainer"):
-            try:  # normally done right after start; this covers a start that failed half-way
-                wait(self.trainer.unlink_shared_memory.call_one())
-            except Exception:
-                pass
-        errors = mesh.stop()
+        errors = actors.stop()
         if errors:
             raise SessionError("forge_nb: some procs did not stop cleanly: " + "; ".join(errors))
 
@@ -177,292 +126,156 @@ class Session:
     def __exit__(self, *exc: object) -> None:
         self.down()
 
-    def _require_up(self) -> None:
-        if self._mesh is None:
+    def _require_up(self) -> Roles:
+        if self.actors is None:
             raise SessionError("forge_nb: the session is down; start one with forge_nb.up()")
-
-    # -- the loop ------------------------------------------------------------------------------
+        return self.actors
 
     def sampling(self, n: int | None = None, temperature: float | None = None) -> SamplingParams:
+        """The sampling of the next rollout: G samples per prompt, a seed of its own."""
         e = self.config.engine
         return SamplingParams(
             n=n or self.config.algorithm.group_size,
             temperature=e.temperature if temperature is None else temperature,
-            top_p=e.top_p, max_tokens=e.max_tokens,
-            seed=self.config.seed * 1_000_003 + self.step_count,
-        )  # fmt: skip
+            top_p=e.top_p,
+            max_tokens=e.max_tokens,
+            seed=self.config.seed * 1_000_003 + self.rollout_count,
+        )
 
     def rollout(self, problems: list[Problem] | None = None) -> Rollout:
         """Generate G samples for each of P prompts, score them, compute group-relative advantages."""
         with self.generation_lock:
-            return self._rollout(problems)
+            actors = self._require_up()
+            return self._rollout(actors, problems or self.task.sample(self.config.algorithm.prompts_per_step))
 
-    def _rollout(self, problems: list[Problem] | None) -> Rollout:
-        self._require_up()
-        problems = problems or self.task.sample(self.config.algorithm.prompts_per_step)
+    def _rollout(self, actors: Roles, problems: list[Problem]) -> Rollout:
+        a = self.config.algorithm
         sampling = self.sampling()
-        completions, policy_version, generate_s = self._generate([p.prompt for p in problems], sampling)
-        episodes = self._episodes(problems, completions, policy_version)
-        reference = self._reference_logprobs(episodes)  # runs while the reward procs score
+        self.rollout_count += 1
+        generation = actors.generate([p.prompt for p in problems], sampling)
+        first_id, version = self._next_sample_id, generation.policy_version
+        episodes = pipeline.make_episodes(problems, generation.completions, version, first_id)
+        self._next_sample_id += len(episodes)
+        reference = actors.reference_logprobs(episodes)  # runs while the reward procs score
         start = time.perf_counter()
         self._score(episodes)
         score_s = time.perf_counter() - start
-        reference_s = self._attach_reference(episodes, reference)
-        valid = torch.tensor([e.reward_error is None for e in episodes]).view(len(problems), sampling.n)
-        if self.config.algorithm.overlong_cache:
-            self._add_overlong_penalty([e for e in episodes if e.reward_error is None])
-        rewards = torch.tensor([e.reward for e in episodes]).view(len(problems), sampling.n)
-        advantages = group_relative(rewards, self.config.algorithm.normalize_std, valid=valid).flatten().tolist()
-        for e, a in zip(episodes, advantages):
-            e.advantage = a
+        reference_s = Roles.attach_reference(episodes, reference)
+        if a.overlong_cache:
+            pipeline.add_overlong_penalty(episodes, self.config.engine.max_tokens, a.overlong_cache)
+        pipeline.assign_advantages(episodes, sampling.n, a.normalize_std)
         accuracy = sum(self.task.verify(e.completion, e.target) for e in episodes) / len(episodes)
         self.buffer.add(episodes)
-        rollout = Rollout(episodes, policy_version, accuracy, generate_s, score_s, reference_s)
+        rollout = Rollout(episodes, generation.policy_version, accuracy, generation.seconds, score_s, reference_s)
         self.metrics_stream.emit("rollout", step=self.step_count, **rollout.summary())
         return rollout
 
-    def _generate(self, prompts: list[str], sampling: SamplingParams) -> tuple[list, int, float]:
-        """Split the prompts over the generator replicas -> (completions in prompt order, policy
-        version, seconds of the slowest replica). Replicas always serve the same version."""
-        shards = _shards(len(prompts), self.config.mesh.generator_procs)
-        futures = [
-            self.generator.slice(procs=i).generate.call_one(prompts[shard], self._replica_sampling(sampling, i))
-            for i, shard in enumerate(shards)
-        ]
-        results = [wait(f) for f in futures]
-        versions = {version for _, version, _ in results}
-        if len(versions) != 1:
-            raise SessionError(f"forge_nb: generator replicas serve different policy versions {sorted(versions)}")
-        completions = [group for groups, _, _ in results for group in groups]
-        return completions, versions.pop(), max(seconds for _, _, seconds in results)
-
-    @staticmethod
-    def _replica_sampling(sampling: SamplingParams, replica: int) -> SamplingParams:
-        if sampling.seed is None or replica == 0:
-            return sampling
-        return dataclasses.replace(sampling, seed=sampling.seed + 7919 * replica)
-
     def _score(self, episodes: list[Episode]) -> None:
-        """Split the batch evenly over the reward procs; fill in each episode's reward (or error)."""
-        batch = reward_batch(episodes, self.step_count)
-        shards = _shards(len(batch), self.config.mesh.reward_procs)
-        futures = [self.rewards.slice(procs=i).score.call_one(batch.shard(shard)) for i, shard in enumerate(shards)]
-        for shard, future in zip(shards, futures):
-            scores = wait(future)
-            for i, e in enumerate(episodes[shard]):
-                e.reward_version = scores.reward_version
-                if i in scores.errors:
-                    e.reward, e.reward_error = float("nan"), scores.errors[i]
-                    self.reward_errors.append({"sample_id": e.sample_id, "reward_version": scores.reward_version,
-                                               "prompt": e.prompt, "completion": e.completion,
-                                               "error": scores.errors[i]})  # fmt: skip
-                else:
-                    e.reward = scores.rewards[i]
-
-    def _reference_logprobs(self, episodes: list[Episode]) -> Future | None:
-        """Ask the reference model for the episodes' logprobs (None when no reference runs)."""
-        if self.reference is None:
-            return None
-        return self.reference.logprobs.call_one([e.prompt_ids for e in episodes], [e.completion_ids for e in episodes])
-
-    @staticmethod
-    def _attach_reference(episodes: list[Episode], reference: Future | None) -> float:
-        """Wait for `_reference_logprobs` and store them on the episodes -> seconds waited."""
-        if reference is None:
-            return 0.0
-        start = time.perf_counter()
-        for e, logprobs in zip(episodes, wait(reference)):
-            e.ref_logprobs = logprobs
-        return time.perf_counter() - start
-
-    def _episodes(self, problems, completions, policy_version, probe: bool = False) -> list[Episode]:
-        """Episodes in prompt-major order; probe episodes get sample_id -1 and use no ids."""
-        episodes = []
-        for problem, group in zip(problems, completions):
-            group_id = -1 if probe else self._next_sample_id
-            for c in group:
-                episodes.append(Episode(
-                    sample_id=-1 if probe else self._next_sample_id, group_id=group_id,
-                    prompt_id=problem.prompt_id, prompt=problem.prompt, completion=c.text, target=problem.target,
-                    prompt_ids=c.prompt_ids, completion_ids=c.token_ids, logprobs=c.logprobs,
-                    finish_reason=c.finish_reason, policy_version=policy_version,
-                ))  # fmt: skip
-                self._next_sample_id += 0 if probe else 1
-        return episodes
+        """Every episode's reward (or error) from the live reward, over the reward procs."""
+        for part, scores in self.actors.score(reward_batch(episodes, self.step_count)):
+            self.reward_errors += pipeline.apply_scores(episodes[part], scores)
 
     def probe_samples(self, n: int) -> list[Episode]:
-        """`n` fresh samples of held-out prompts, scored by the task verifier, for validating live
-        code before any rollout exists. Never stored and never trained on."""
-        self._require_up()
-        group = 4
-        problems = self.task.eval_set()[: -(-n // group)]
-        completions, version, _ = self._generate([p.prompt for p in problems], self.sampling(n=group))
-        episodes = self._episodes(problems, completions, version, probe=True)
-        rewards = torch.tensor([self.task.verify(e.completion, e.target) for e in episodes])
-        advantages = group_relative(rewards.view(len(problems), group)).flatten().tolist()
-        for e, r, a in zip(episodes, rewards.tolist(), advantages):
-            e.reward, e.advantage = r, a
-        return episodes[:n]
+        """`n` fresh samples of held-out prompts for validating live code before the first rollout."""
+        return evaluation.probe_samples(self._require_up(), self.task, self.sampling(n=4), n)
 
-    def train(self, rollout: Rollout) -> dict[str, float]:
-        """One optimizer step on `rollout` -> metrics (loss, grad_norm, policy_version, train_s, ...)."""
+    def train(self, rollout: Rollout) -> dict[str, Any]:
+        """One optimizer step on `rollout` -> metrics (loss, grad_norm, policy_version, train_seconds, ...).
+        Counts one trained batch (`step_count`)."""
         with self.training_lock:
-            return self._train(rollout)
+            metrics = self._train(rollout)
+            self.step_count += 1
+            return metrics
 
-    def _add_overlong_penalty(self, episodes: list[Episode]) -> None:
-        """DAPO soft overlong punishment added to each reward (raw parts kept in `rewards`)."""
-        lengths = torch.tensor([e.num_tokens for e in episodes])
-        penalty = overlong_penalty(lengths, self.config.engine.max_tokens, self.config.algorithm.overlong_cache)
-        for e, p in zip(episodes, penalty.tolist()):
-            e.rewards = {"reward": e.reward, "overlong": p}
-            e.reward += p
-
-    def _train_batch(self, rollout: Rollout) -> list[Episode]:
-        """The episodes to train on: those that scored, minus all-equal groups under dynamic sampling."""
-        eps = [e for e in rollout.episodes if e.reward_error is None]
-        if not eps:
-            raise SessionError("forge_nb: every sample of this rollout failed its reward; nothing to train on")
-        if not self.config.algorithm.dynamic_sampling:
-            return eps
-        groups: dict[int, set[float]] = {}
-        for e in eps:
-            groups.setdefault(e.group_id, set()).add(e.reward)
-        return [e for e in eps if len(groups[e.group_id]) > 1]
-
-    def _train(self, rollout: Rollout) -> dict[str, float]:
-        self._require_up()
-        eps = self._train_batch(rollout)
-        if not eps:  # dynamic sampling left nothing: no step, nothing published
-            metrics = {
-                "loss": 0.0,
-                "grad_norm": 0.0,
-                "tokens": 0,
-                "policy_version": self._trainer_version,
-                "loss_version": self.registry.live("loss").version,
-                "train_seconds": 0.0,
-                "skipped": True,
-            }
+    def _train(self, rollout: Rollout) -> dict[str, Any]:
+        actors = self._require_up()
+        try:
+            episodes = pipeline.train_subset(rollout.episodes, self.config.algorithm.dynamic_sampling)
+        except EmptyTrainBatch as e:
+            raise SessionError(f"forge_nb: {e}") from None
+        if not episodes:  # dynamic sampling left nothing: no step, nothing published
+            stats = {"loss": 0.0, "grad_norm": 0.0, "tokens": 0, "skipped": True}
+            metrics = TrainResult(self._trainer_version, self.live_code.live("loss").version, stats, 0.0, 0.0).as_dict()
             self.metrics_stream.emit("train", step=self.step_count, **metrics)
             return metrics
-        ref = None
-        if self.reference is not None:
+        if actors.reference is not None:
             # Rollouts carry them already; a rollout made before the reference existed does not.
-            missing = [e for e in eps if e.ref_logprobs is None]
-            self._attach_reference(missing, self._reference_logprobs(missing) if missing else None)
-            ref = [e.ref_logprobs for e in eps]
-        metrics = wait(self.trainer.train_step.call_one(
-            [e.prompt_ids for e in eps], [e.completion_ids for e in eps], [e.logprobs for e in eps],
-            [e.advantage for e in eps], ref,
-        ))  # fmt: skip
-        self._trainer_version = metrics["policy_version"]
-        for e in eps:
-            e.loss_version = metrics["loss_version"]
+            missing = [e for e in episodes if e.ref_logprobs is None]
+            Roles.attach_reference(missing, actors.reference_logprobs(missing))
+        result = actors.train_step(TrainBatch.of(episodes, with_reference=actors.reference is not None))
+        self._trainer_version = result.policy_version
+        for e in episodes:
+            e.loss_version = result.loss_version
+        metrics = result.as_dict()
         self.metrics_stream.emit("train", step=self.step_count, **metrics)
         return metrics
 
     def sync(self) -> dict[str, Any]:
-        """Refresh the generator with the trainer's latest published weights over RDMA -> report.
+        """Refresh the generator with the trainer's latest published weights -> report.
 
         The trainer publishes at the end of every `train`; this pulls that version. Report keys:
-        version, previous_version, bytes, seconds, transfer_seconds, total_seconds, gbps, skipped.
+        version, previous_version, bytes, seconds, transfer_seconds, total_seconds, gbps, skipped,
+        transport, replicas.
         """
         with self.generation_lock:
-            return self._sync()
-
-    def _sync(self) -> dict[str, Any]:
-        self._require_up()
-        start = time.perf_counter()
-        reports = list(wait(self.generator.refresh.call(self._trainer_version)).values())
-        report = _combine_refresh_reports(reports)
-        self._generator_version = report["version"]
-        report = {**report, "total_seconds": time.perf_counter() - start}
-        self.metrics_stream.emit("sync", step=self.step_count, **report)
-        return report
+            actors = self._require_up()
+            start = time.perf_counter()
+            report = actors.refresh(self._trainer_version)
+            self._generator_version = report.version
+            row = {**report.as_dict(), "total_seconds": time.perf_counter() - start}
+            self.metrics_stream.emit("sync", step=self.step_count, **row)
+            return row
 
     def step(self, n: int = 1, progress: bool = True) -> pd.DataFrame:
         """n x (rollout, train, sync) -> one row per step (reward, accuracy, tokens/s, phase times, GB/s).
         A progress bar shows from 5 steps on, unless `progress=False`."""
-        rows = []
-        for _ in tqdm(range(n), desc="forge_nb step", disable=n < 5 or not progress, leave=False):
-            with self.generation_lock, self.training_lock:
-                rows.append(self._step())
-        return pd.DataFrame(rows).set_index("step")
+        bar = tqdm(range(n), desc="forge_nb step", disable=n < 5 or not progress, leave=False)
+        rows = [sync_step(self).as_dict() for _ in bar]
+        return pd.DataFrame(rows, columns=list(StepRow.__dataclass_fields__)).set_index("step")
 
-    def _step(self) -> dict[str, Any]:
-        start = time.perf_counter()
-        rollout = self.rollout()
-        staleness = self._trainer_version - rollout.policy_version
-        train = self.train(rollout)
-        refresh = self.sync()
-        self.step_count += 1
-        row = {
-            "step": self.step_count, "policy_version": refresh["version"],
-            "mean_reward": rollout.mean_reward, "accuracy": rollout.accuracy,
-            "tokens_per_s": rollout.tokens_per_s, "generate_s": rollout.generate_s,
-            "score_s": rollout.score_s, "reference_s": rollout.reference_s, "train_s": train["train_seconds"],
-            "refresh_s": refresh["total_seconds"], "refresh_gbps": refresh["gbps"],
-            "loss": train["loss"], "grad_norm": train["grad_norm"], "staleness": staleness,
-            "step_s": time.perf_counter() - start,
-        }  # fmt: skip
-        self.metrics_stream.emit("step", **row)
-        return row
-
-    # -- background run ------------------------------------------------------------------------
+    @contextmanager
+    def whole_step(self) -> Iterator[None]:
+        """Hold both sides: no swap or call from another thread lands until the block ends."""
+        with self.generation_lock, self.training_lock:
+            yield
 
     @property
     def background(self) -> BackgroundRun | AsyncRun | None:
         """The latest background run (its `state`, `done` steps and `error`), if any."""
-        return self._run
+        return self.runs.current
 
     def run(self, steps: int | None = None, mode: str = "sync", max_staleness: int = 1) -> BackgroundRun | AsyncRun:
         """Train in the background (`steps` trainer steps, or until `stop()`); the kernel stays
         responsive and swaps, syncs and other calls from cells apply between batches.
 
         mode="sync": step after step (rollout, train, sync). mode="async": generation and training
-        overlap; batches more than `max_staleness` policy versions old are dropped (see AsyncRun).
+        overlap; batches more than `max_staleness` policy versions old are dropped (see `loop`).
         """
         self._require_up()
-        if self._run is not None and self._run.state in ("running", "paused"):
-            raise SessionError(f"forge_nb: a background run is already {self._run.state}; stop() it first")
-        if mode == "async":
-            self._run = AsyncRun(self, steps, max_staleness).start()
-        elif mode == "sync":
-            self._run = BackgroundRun(lambda: self.step(1, progress=False), steps).start()
-        else:
-            raise SessionError(f"forge_nb: run mode must be 'sync' or 'async', got {mode!r}")
-        return self._run
+        return self.runs.start(self, steps, mode, max_staleness)
+
+    def pause(self) -> None:
+        """Pause the background run after the step in flight; `resume()` goes on."""
+        self.runs.pause()
+
+    def resume(self) -> None:
+        self.runs.resume()
+
+    def stop(self) -> None:
+        """Stop the background run after the step in flight (the mesh stays up)."""
+        self.runs.stop()
 
     def staleness(self) -> pd.Series:
         """Histogram of trained batches by staleness (trainer version - generating version)."""
         steps = self.metrics_stream.to_pandas("step")
         return steps.staleness.value_counts().sort_index() if not steps.empty else pd.Series(dtype=int)
 
-    def pause(self) -> None:
-        """Pause the background run after the step in flight."""
-        if self._run is not None:
-            self._run.pause()
-
-    def resume(self) -> None:
-        if self._run is not None:
-            self._run.resume()
-
-    def stop(self) -> None:
-        """Stop the background run after the step in flight (the mesh stays up)."""
-        if self._run is not None:
-            self._run.stop()
-
     def evaluate(self, max_tokens: int | None = None) -> dict[str, float]:
         """Greedy accuracy on the task's held-out set under the generator's current weights."""
-        self._require_up()
-        problems = self.task.eval_set()
-        sampling = SamplingParams(n=1, temperature=0.0, max_tokens=max_tokens or self.config.engine.max_tokens)
-        completions, version, seconds = self._generate([p.prompt for p in problems], sampling)
-        correct = [self.task.verify(c[0].text, p.target) for c, p in zip(completions, problems)]
-        result = {"policy_version": version, "heldout_accuracy": sum(correct) / len(correct), "eval_s": seconds}
+        actors = self._require_up()
+        result = evaluation.heldout_accuracy(actors, self.task, max_tokens or self.config.engine.max_tokens)
         self.metrics_stream.emit("eval", step=self.step_count, **result)
         return result
-
-    # -- inspection ----------------------------------------------------------------------------
 
     @property
     def trainer_version(self) -> int:
@@ -473,6 +286,20 @@ class Session:
     def generator_version(self) -> int:
         """Policy version the generator serves (as of the last sync)."""
         return self._generator_version
+
+    @property
+    def has_reference(self) -> bool:
+        return self.actors is not None and self.actors.reference is not None
+
+    @property
+    def pids(self) -> dict[str, list[int]]:
+        """Process ids of each role's procs."""
+        return self.actors.pids if self.actors is not None else {}
+
+    @property
+    def registry(self) -> Registry:
+        """Every reward and loss version (see `versions()` for a table)."""
+        return self.live_code.registry
 
     def dashboard(self):
         """A live ipywidgets dashboard of this session (display it, or let the cell return it)."""
@@ -495,57 +322,44 @@ class Session:
 
     def save_checkpoint(self, path: str | Path) -> int:
         """Write the trainer's current weights and the tokenizer as an HF model directory -> version."""
-        self._require_up()
+        actors = self._require_up()
         with self.training_lock:
-            version = wait(self.trainer.save.call_one(str(path)))
+            version = actors.save(str(path))
         self.tokenizer.save_pretrained(str(path))
         return version
 
     def export(self, path: str | Path, steps: int = 100) -> Path:
         """Write a standalone script + sbatch file that reproduce this session (config, current
         weights, live reward and loss) without a notebook -> the directory. See `forge_nb.export`."""
-        from forge_nb.export import export_session
-
         self._require_up()
-        return export_session(self, path, steps)
+        live = {kind: (self.live_code.live(kind).version, self.live_code.live(kind).code) for kind in KINDS}
+        origin = {"policy_version": self.trainer_version, "steps": self.step_count}
+        checkpoint = self.save_checkpoint if self.trainer_version > 0 else None
+        return export_bundle(path, self.config, live, steps, origin, checkpoint)
 
     def checksums(self) -> dict[str, tuple[int, str]]:
-        """(version, weights checksum) of the trainer and of the generator. With the torch engine the
-        generator's equals the trainer's after a sync. vLLM serves its own fused, repacked layout: its
-        checksum is equal across replicas and changes with every refresh, but is not the trainer's
-        (`tests/engines/test_vllm_engine.py` proves a refresh by matching logprobs instead)."""
-        self._require_up()
-        return {
-            "trainer": wait(self.trainer.checksum.call_one()),
-            "generator": wait(self.generator.slice(procs=0).checksum.call_one()),
-            "generator_replicas": list(wait(self.generator.checksum.call()).values()),
-        }
+        """(version, weights checksum) of the trainer and the generator: equal after a sync with the
+        torch engine; vLLM serves its own fused layout (equal across replicas, not the trainer's)."""
+        return self._require_up().checksums()
 
     def status(self) -> dict[str, Any]:
         """Mesh, actors and versions, as a dict (printable in a notebook)."""
-        if self._mesh is None:
+        if self.actors is None:
             return {"up": False, "steps": self.step_count}
+        run = self.runs.current
         return {
             "up": True,
-            "mesh": self.config.mesh.kind,
-            "slurm_job": getattr(self._mesh, "job_id", None),
-            "procs": self.pids,
+            **self.actors.describe(),
             "steps": self.step_count,
             "policy_version": {"trainer": self.trainer_version, "generator": self.generator_version},
             "samples": self.buffer.added,
-            "weights_transport": getattr(self, "weights_transport", None),
-            "engine": self.engine_name,
-            "reward_version": self.registry.live("reward").version,
-            "loss_version": self.registry.live("loss").version,
-            "run": None
-            if self._run is None
-            else {"state": self._run.state, "steps_done": self._run.done, "error": self._run.error},  # fmt: skip
+            "reward_version": self.live_code.live("reward").version,
+            "loss_version": self.live_code.live("loss").version,
+            "run": None if run is None else {"state": run.state, "steps_done": run.done, "error": run.error},
             "reward_errors": len(self.reward_errors),
             "last_reward_errors": self.reward_errors[-3:],
             "model": str(self.config.model.resolved_path()),
         }
-
-    # -- live code -----------------------------------------------------------------------------
 
     def set_reward(self, fn: Callable | str | LiveCode | None = None, *, version: int | None = None) -> int:
         """Validate `fn` (a function, a cell's source, or captured code) on recent samples, give it the
@@ -553,41 +367,32 @@ class Session:
         `version=N` makes an earlier version live again (rollback). Bad code raises `LiveCodeError`
         and the live version stays."""
         self._require_up()
-        return swap.set_live(self, "reward", fn, version)
+        return self.live_code.set("reward", fn, version)
 
     def set_loss(self, fn: Callable | str | LiveCode | None = None, *, version: int | None = None) -> int:
         """As `set_reward`, for the loss the trainer minimises (validated forward and backward)."""
         self._require_up()
-        return swap.set_live(self, "loss", fn, version)
+        return self.live_code.set("loss", fn, version)
 
     def versions(self, kind: str | None = None) -> pd.DataFrame:
         """Every reward / loss version (and rejected candidate): source, time, validation, status."""
-        return self.registry.to_pandas(kind)
+        return self.live_code.versions(kind)
 
     def rescore(self, reward: Callable | str | int, n: int = 256) -> pd.DataFrame:
         """Score the last `n` samples with another reward (a function, source or version number),
         without touching the live one -> DataFrame of old and new rewards side by side."""
-        return swap.rescore(self, reward, n)
+        return self.live_code.rescore(reward, n)
 
+    def recent_samples(self, n: int) -> list[Episode]:
+        return self.buffer.recent(n)
 
-def _shards(items: int, procs: int) -> list[slice]:
-    """Contiguous, nearly equal slices of `items` for up to `procs` procs (none empty)."""
-    chunk = -(-items // procs)
-    return [slice(i * chunk, (i + 1) * chunk) for i in range(procs) if i * chunk < items]
-
-
-def _combine_refresh_reports(reports: list[dict]) -> dict:
-    """Replicas refresh in parallel: bytes add up, time is the slowest one's."""
-    versions = {r["version"] for r in reports}
-    if len(versions) != 1:
-        raise SessionError(f"forge_nb: generator replicas refreshed to different versions {sorted(versions)}")
-    if len(reports) == 1:
-        return reports[0]
-    seconds = max(r["seconds"] for r in reports)
-    total = sum(r["bytes"] for r in reports)
-    return {
-        **reports[0], "bytes": total, "seconds": seconds, "replicas": len(reports),
-        "transfer_seconds": max(r["transfer_seconds"] for r in reports),
-        "gbps": total / seconds / 1e9 if seconds > 0 else 0.0,
-        "skipped": all(r["skipped"] for r in reports),
-    }  # fmt: skip
+    def ship(self, kind: str, code: LiveCode, version: int) -> None:
+        """Make `code` live as `version` in every actor of `kind`, under the lock of the side it
+        changes, so a background run sees the swap between two batches."""
+        actors = self._require_up()
+        if kind == "reward":
+            with self.generation_lock:
+                actors.set_reward(code, version)
+        else:
+            with self.training_lock:
+                actors.set_loss(code, version)

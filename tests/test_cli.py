@@ -32,3 +32,13 @@ def test_bench_names_the_known_benchmarks_when_one_is_missing():
     out = _run("bench", "no_such_benchmark")
     assert out.returncode != 0
     assert "overhead" in out.stderr
+
+
+def test_bench_outside_a_source_checkout_says_it_needs_one(monkeypatch):
+    import pytest
+
+    from forge_nb import cli
+
+    monkeypatch.setattr(cli, "benchmarks_dir", lambda: None)
+    with pytest.raises(SystemExit, match="the benchmarks ship with the source, not the installed package"):
+        cli.bench("overhead", [])

@@ -2,7 +2,8 @@ from pathlib import Path
 
 import pytest
 
-from forge_nb.config import BUNDLED_MODEL, Config, ConfigError
+from forge_nb.config import Config, ConfigError
+from forge_nb.models import BUNDLED_MODEL
 
 
 def test_defaults_validate_and_point_at_the_bundled_model():

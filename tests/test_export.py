@@ -11,7 +11,7 @@ import yaml
 
 import forge_nb
 from forge_nb.config import Config
-from forge_nb.export import export_config, sbatch_script
+from forge_nb.export import RUN_SCRIPT, export_config, sbatch_script
 from tests.conftest import wait_no_children
 
 REWARD = '''
@@ -25,25 +25,50 @@ def reward(prompt, completion, target, **context):
 
 
 def test_sbatch_file_carries_the_slurm_options(tmp_path):
-    config = Config().updated({"slurm": {"partition": "gpu", "time_limit": "02:00:00", "account": "rl", "qos": "high",
-                                         "gpus_per_node": 8, "sbatch_args": ["--mem=64G"]}})  # fmt: skip
+    config = Config().updated(
+        {
+            "slurm": {
+                "partition": "gpu",
+                "time_limit": "02:00:00",
+                "account": "rl",
+                "qos": "high",
+                "gpus_per_node": 8,
+                "sbatch_args": ["--mem=64G"],
+            }
+        }
+    )
     text = sbatch_script(config, tmp_path)
-    for line in ("--partition=gpu", "--time=02:00:00", "--account=rl", "--qos=high", "--gpus-per-node=8",
-                 "#SBATCH --mem=64G", f"--chdir={tmp_path}", "--nodes=1"):  # fmt: skip
+    for line in (
+        "--partition=gpu",
+        "--time=02:00:00",
+        "--account=rl",
+        "--qos=high",
+        "--gpus-per-node=8",
+        "#SBATCH --mem=64G",
+        f"--chdir={tmp_path}",
+        "--nodes=1",
+    ):
         assert line in text
     assert text.rstrip().endswith(f"{tmp_path / 'run.py'}")
 
 
 def test_export_of_a_config_pins_the_engine_and_runs_locally(tmp_path):
     out = export_config(Config().updated({"mesh.kind": "slurm", "engine.name": "auto", "lr": 1e-4}), tmp_path, 7)
-    assert {p.name for p in out.iterdir()} == {"config.yaml", "manifest.json", "reward.py", "loss.py", "run.py",
-                                              "run.sbatch"}  # fmt: skip
+    assert {p.name for p in out.iterdir()} == {
+        "config.yaml",
+        "manifest.json",
+        "reward.py",
+        "loss.py",
+        "run.py",
+        "run.sbatch",
+    }
     written = Config.from_yaml(out / "config.yaml")
     assert written.mesh.kind == "local" and written.engine.name == "torch"  # the suite's $FORGE_NB_ENGINE
     assert written.algorithm.lr == 1e-4
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["reward"]["builtin"] and manifest["config_changes"]["mesh.kind"] == ["slurm", "local"]
-    assert "default=7" in (out / "run.py").read_text()
+    assert manifest["steps"] == 7
+    assert (out / "run.py").read_text() == RUN_SCRIPT.read_text()  # copied verbatim
 
 
 @pytest.mark.slow

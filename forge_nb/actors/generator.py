@@ -2,50 +2,75 @@
 
 from __future__ import annotations
 
-import os
 import time
+from dataclasses import dataclass, field
 
 import torch
-from monarch.actor import Actor, endpoint
+from monarch.actor import endpoint
 
-from forge_nb.actors import setup_proc
+from forge_nb.actors.base import AsyncForgeActor
+from forge_nb.config import Config
 from forge_nb.engines import load_engine
 from forge_nb.engines.base import Completion, SamplingParams
 from forge_nb.weights.manifest import WeightManifest, checksum
-from forge_nb.weights.refresh import WeightReceiver
+from forge_nb.weights.refresh import RefreshReport, WeightReceiver
 
 
-class Generator(Actor):
-    """Holds one engine over `model_dir`. Serves policy version 0 until the first refresh.
+@dataclass(frozen=True)
+class GeneratorSpec:
+    """What a generator serves: `model_dir` in `dtype` with engine `engine` ("torch" or "vllm")."""
+
+    model_dir: str
+    dtype: str
+    threads: int
+    engine: str = "torch"
+    engine_options: dict = field(default_factory=dict)  # vLLM's: max_model_len, seed, kv_cache_mb, ...
+
+    @classmethod
+    def from_config(cls, config: Config, engine: str) -> GeneratorSpec:
+        e, options = config.engine, {}
+        if engine == "vllm":
+            options = {
+                "max_model_len": e.max_model_len or None,
+                "seed": config.seed,
+                "kv_cache_mb": e.kv_cache_mb,
+                "gpu_memory_utilization": e.gpu_memory_utilization,
+            }
+        model_dir = str(config.model.resolved_path())
+        return cls(model_dir, config.serve_dtype, config.mesh.threads_per_proc, engine, options)
+
+
+@dataclass(frozen=True)
+class Generation:
+    """`completions[prompt][sample]`, the policy version that produced them, and seconds taken."""
+
+    completions: list[list[Completion]]
+    policy_version: int
+    seconds: float
+
+
+class Generator(AsyncForgeActor):
+    """Holds one engine. Serves policy version 0 until the first refresh.
 
     Every endpoint is async (Monarch forbids mixing) and runs on the actor's one event loop.
     `generate` never awaits, and a refresh loads the copied weights and bumps the version without
     awaiting either, so weights and version change together and only between batches.
     """
 
-    def __init__(
-        self, model_dir: str, dtype: str, threads: int, engine: str = "torch", engine_options: dict | None = None
-    ) -> None:
-        setup_proc(threads)
-        start = time.perf_counter()
-        self.engine = load_engine(engine, model_dir, getattr(torch, dtype), **(engine_options or {}))
-        self.engine_name, self.start_s = engine, time.perf_counter() - start
+    role = "generator"
+
+    def __init__(self, spec: GeneratorSpec) -> None:
+        self._begin(spec.threads)
+        self.engine = load_engine(spec.engine, spec.model_dir, getattr(torch, spec.dtype), **spec.engine_options)
         self.receiver: WeightReceiver | None = None
         self.version = 0
+        self._ready(engine=spec.engine)
 
     @endpoint
-    async def generate(self, prompts: list[str], sampling: SamplingParams) -> tuple[list[list[Completion]], int, float]:
-        """-> (completions[prompt][sample], policy version that produced them, seconds)."""
+    async def generate(self, prompts: list[str], sampling: SamplingParams) -> Generation:
         start = time.perf_counter()
         completions = self.engine.generate(prompts, sampling)
-        return completions, self.version, time.perf_counter() - start
-
-    @endpoint
-    async def score(
-        self, prompt_ids: list[list[int]], completion_ids: list[list[int]]
-    ) -> tuple[list[list[float]], int]:
-        """-> (teacher-forced logprobs at temperature 1 from the served weights, policy version)."""
-        return self.engine.score(prompt_ids, completion_ids), self.version
+        return Generation(completions, self.version, time.perf_counter() - start)
 
     @endpoint
     async def attach(self, manifest: WeightManifest, transport: str) -> str:
@@ -55,21 +80,22 @@ class Generator(Actor):
         return self.receiver.transport
 
     @endpoint
-    async def refresh(self, version: int) -> dict:
-        """Load published `version` (batch boundary: never runs while `generate` does) -> report."""
+    async def refresh(self, version: int) -> RefreshReport:
+        """Load published `version` (batch boundary: never runs while `generate` does)."""
         report = await self.receiver.refresh(version, self.engine.load_weights)
         self.version = report.version
-        return report.as_dict()
+        return report
+
+    # -- diagnostics: for tests and debugging, never on the training path ----------------------
 
     @endpoint
     async def checksum(self) -> tuple[int, str]:
+        """(policy version, checksum of the served weights in the engine's own layout)."""
         return self.version, checksum(self.engine.named_weights())
 
     @endpoint
-    async def pid(self) -> int:
-        return os.getpid()
-
-    @endpoint
-    async def engine_info(self) -> dict:
-        """-> {"engine": name, "start_s": seconds the engine took to start (warm-up included)}."""
-        return {"engine": self.engine_name, "start_s": self.start_s}
+    async def score(
+        self, prompt_ids: list[list[int]], completion_ids: list[list[int]]
+    ) -> tuple[list[list[float]], int]:
+        """-> (teacher-forced logprobs at temperature 1 from the served weights, policy version)."""
+        return self.engine.score(prompt_ids, completion_ids), self.version

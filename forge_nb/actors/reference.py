@@ -2,33 +2,54 @@
 
 from __future__ import annotations
 
-import os
+from dataclasses import dataclass
 
 import torch
-from monarch.actor import Actor, endpoint
+from monarch.actor import endpoint
 from transformers import AutoModelForCausalLM
 
-from forge_nb.actors import setup_proc
+from forge_nb.actors.base import ForgeActor
+from forge_nb.config import Config
 from forge_nb.rl.batch import completion_logprobs
 
 
-class Reference(Actor):
-    """Loads `model_dir` once and never changes it (started when ``algorithm.kl_coef > 0``)."""
+@dataclass(frozen=True)
+class ReferenceSpec:
+    """The frozen model: `model_dir` in `dtype` on `device`; logprobs of ``logits / temperature``."""
 
-    def __init__(
-        self, model_dir: str, dtype: str, threads: int, pad_id: int, temperature: float, device: str = "cpu"
-    ) -> None:
-        setup_proc(threads)
-        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype))
-        self.model = model.to(torch.device(device)).eval()
+    model_dir: str
+    dtype: str
+    threads: int
+    device: str
+    pad_id: int
+    temperature: float
+
+    @classmethod
+    def from_config(cls, config: Config, pad_id: int) -> ReferenceSpec:
+        return cls(
+            str(config.model.resolved_path()),
+            config.model.dtype,
+            config.mesh.threads_per_proc,
+            config.model.resolved_device,
+            pad_id,
+            config.engine.temperature,
+        )
+
+
+class Reference(ForgeActor):
+    """Loads the model once and never changes it (started when ``algorithm.kl_coef > 0``)."""
+
+    role = "reference"
+
+    def __init__(self, spec: ReferenceSpec) -> None:
+        self._begin(spec.threads)
+        model = AutoModelForCausalLM.from_pretrained(spec.model_dir, dtype=getattr(torch, spec.dtype))
+        self.model = model.to(torch.device(spec.device)).eval()
         self.model.requires_grad_(False)
-        self.pad_id, self.temperature = pad_id, temperature
+        self.pad_id, self.temperature = spec.pad_id, spec.temperature
+        self._ready()
 
     @endpoint
     def logprobs(self, prompt_ids: list[list[int]], completion_ids: list[list[int]]) -> list[list[float]]:
         """Reference logprobs of each completion's tokens (``logits / temperature``, as the trainer's)."""
         return completion_logprobs(self.model, prompt_ids, completion_ids, self.pad_id, self.temperature)
-
-    @endpoint
-    def pid(self) -> int:
-        return os.getpid()

@@ -2,31 +2,36 @@
 
 from __future__ import annotations
 
-import os
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from monarch.actor import Actor, endpoint
+from monarch.actor import endpoint
 
+from forge_nb.actors.base import ForgeActor
 from forge_nb.live.capture import LiveCode, compile_function
-from forge_nb.live.probe import RewardBatch
 from forge_nb.live.validate import score_each
+from forge_nb.rewards.batch import RewardBatch, Scores
 
 
-@dataclass
-class Scores:
-    """Rewards of one batch: `rewards[i]` is None where sample i failed, `errors[i]` says why."""
+@dataclass(frozen=True)
+class RewardSpec:
+    """The reward a worker starts with, its version, and the per-sample timeout (s)."""
 
-    rewards: list[float | None]
-    errors: dict[int, str] = field(default_factory=dict)
-    reward_version: int = 0
+    reward: LiveCode
+    version: int
+    timeout_s: float
+    threads: int = 1
 
 
-class RewardWorker(Actor):
+class RewardWorker(ForgeActor):
     """Holds one compiled reward version; swaps to a new one between batches."""
 
-    def __init__(self, code: LiveCode, version: int, timeout_s: float) -> None:
-        self.fn, self.version, self.timeout_s = compile_function(code), version, timeout_s
+    role = "reward"
+
+    def __init__(self, spec: RewardSpec) -> None:
+        self._begin(spec.threads)
+        self.fn, self.version, self.timeout_s = compile_function(spec.reward), spec.version, spec.timeout_s
+        self._ready()
 
     @endpoint
     def set_reward(self, code: LiveCode, version: int) -> int:
@@ -41,7 +46,7 @@ class RewardWorker(Actor):
         The batch runs in a worker thread: past `timeout_s` x batch size the unscored samples are
         marked timed out and the actor answers (a hung thread cannot be killed; it stays detached).
         """
-        samples = list(batch.probes())
+        samples = list(batch.samples())
         scores = Scores([None] * len(samples), reward_version=self.version)
         fn, done = self.fn, threading.Event()
 
@@ -59,10 +64,8 @@ class RewardWorker(Actor):
                 late.errors[i] = f"did not return within the {self.timeout_s:g} s per-sample timeout"
         return late
 
+    # -- diagnostics: for tests and debugging, never on the training path ----------------------
+
     @endpoint
     def version_live(self) -> int:
         return self.version
-
-    @endpoint
-    def pid(self) -> int:
-        return os.getpid()

@@ -2,18 +2,18 @@
 
 from __future__ import annotations
 
-import os
 import time
+from dataclasses import dataclass
 
 import torch
-from monarch.actor import Actor, endpoint
+from monarch.actor import endpoint
 from transformers import AutoModelForCausalLM
 
-from forge_nb.actors import setup_proc
-from forge_nb.config import AlgorithmConfig
+from forge_nb.actors.base import ForgeActor
+from forge_nb.config import AlgorithmConfig, Config
 from forge_nb.live.capture import LiveCode, compile_function
 from forge_nb.live.validate import CheckFailed, check_loss_value
-from forge_nb.rl.batch import collate, completion_logprobs
+from forge_nb.rl.batch import TrainBatch, completion_logprobs
 from forge_nb.rl.train_step import NonFiniteGradient, policy_step
 from forge_nb.weights.manifest import WeightManifest, checksum
 from forge_nb.weights.publish import WeightPublisher
@@ -23,34 +23,72 @@ class LossFailed(RuntimeError):
     """The live loss failed on a training batch; no optimizer step was taken."""
 
 
-class Trainer(Actor):
+@dataclass(frozen=True)
+class TrainerSpec:
+    """The trainable model (`model_dir`, `dtype`, `device`), its optimisation (`algorithm`, the loss
+    it starts with), and how it publishes weights (`serve_dtype`, RDMA chunks of `chunk_mb`)."""
+
+    model_dir: str
+    dtype: str
+    threads: int
+    device: str
+    algorithm: AlgorithmConfig
+    loss: LiveCode
+    pad_id: int
+    temperature: float
+    serve_dtype: str
+    chunk_mb: int
+
+    @classmethod
+    def from_config(cls, config: Config, pad_id: int, loss: LiveCode) -> TrainerSpec:
+        return cls(
+            str(config.model.resolved_path()),
+            config.model.dtype,
+            config.mesh.threads_per_proc,
+            config.model.resolved_device,
+            config.algorithm,
+            loss,
+            pad_id,
+            config.engine.temperature,
+            config.serve_dtype,
+            config.weights.chunk_mb,
+        )
+
+
+@dataclass(frozen=True)
+class TrainResult:
+    """What one `train_step` did: the policy version it published, the loss version it ran, the
+    step's metrics (`rl.train_step.policy_step`: loss, grad_norm, approx_kl, tokens, ...) and times (s)."""
+
+    policy_version: int
+    loss_version: int
+    metrics: dict[str, float]
+    train_seconds: float
+    publish_seconds: float
+
+    def as_dict(self) -> dict[str, float]:
+        return {**self.metrics, **{k: v for k, v in self.__dict__.items() if k != "metrics"}}
+
+
+class Trainer(ForgeActor):
     """Holds the model and AdamW state. `version` counts optimizer steps taken (0 = as loaded)."""
 
-    def __init__(
-        self,
-        model_dir: str,
-        dtype: str,
-        threads: int,
-        algorithm: AlgorithmConfig,
-        pad_id: int,
-        temperature: float,
-        loss: LiveCode,
-        serve_dtype: str,
-        chunk_mb: int,
-        device: str = "cpu",
-    ) -> None:
-        setup_proc(threads)
+    role = "trainer"
+
+    def __init__(self, spec: TrainerSpec) -> None:
+        self._begin(spec.threads)
         torch.manual_seed(0)
-        self.device = torch.device(device)
-        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype)).to(self.device)
-        self.algorithm = algorithm
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=algorithm.lr, weight_decay=0.0)
-        self._use_loss(loss, 0)
-        self.pad_id, self.temperature = pad_id, temperature
+        self.device = torch.device(spec.device)
+        model = AutoModelForCausalLM.from_pretrained(spec.model_dir, dtype=getattr(torch, spec.dtype))
+        self.model = model.to(self.device)
+        self.algorithm = spec.algorithm
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=spec.algorithm.lr, weight_decay=0.0)
+        self._use_loss(spec.loss, 0)
+        self.pad_id, self.temperature = spec.pad_id, spec.temperature
         self.version = 0
-        self.publisher = WeightPublisher(
-            self.model.named_parameters(), self.version, getattr(torch, serve_dtype), chunk_mb
-        )
+        serve_dtype = getattr(torch, spec.serve_dtype)
+        self.publisher = WeightPublisher(self.model.named_parameters(), self.version, serve_dtype, spec.chunk_mb)
+        self._ready(device=spec.device)
 
     @endpoint
     def set_loss(self, code: LiveCode, version: int) -> int:
@@ -62,26 +100,25 @@ class Trainer(Actor):
         self.loss_fn, self.loss_version, self.loss_inert = compile_function(code), version, code.zero_advantage_inert
 
     @endpoint
-    def train_step(
-        self,
-        prompt_ids: list[list[int]],
-        completion_ids: list[list[int]],
-        logprobs: list[list[float]],
-        advantages: list[float],
-        ref_logprobs: list[list[float]] | None = None,
-    ) -> dict[str, float]:
-        """One optimizer step on a batch of B sequences, then publish the new weights -> metrics.
+    def train_step(self, batch: TrainBatch) -> TrainResult:
+        """One optimizer step on a batch of B sequences, then publish the new weights.
 
         The policy version goes up by one; the published snapshot holds it when this returns.
         If the live loss fails, `LossFailed` is raised and neither weights nor versions change.
         """
         start = time.perf_counter()
-        batch = collate(prompt_ids, completion_ids, self.pad_id, logprobs, advantages, ref_logprobs).to(self.device)
+        tokens = batch.collate(self.pad_id).to(self.device)
         try:
             metrics = policy_step(
-                self.model, self.optimizer, batch, self.loss_fn, self.temperature,
-                self.algorithm.max_grad_norm, check_loss_value, skip_zero_advantage=self.loss_inert,
-            )  # fmt: skip
+                self.model,
+                self.optimizer,
+                tokens,
+                self.loss_fn,
+                self.temperature,
+                self.algorithm.max_grad_norm,
+                check_loss_value,
+                skip_zero_advantage=self.loss_inert,
+            )
         except (CheckFailed, NonFiniteGradient) as e:
             raise LossFailed(f"loss v{self.loss_version} {e}; no optimizer step was taken") from None
         except Exception as e:
@@ -90,8 +127,7 @@ class Trainer(Actor):
         stepped = time.perf_counter()
         self.publisher.publish(self.model.named_parameters(), self.version)
         end = time.perf_counter()
-        times = {"train_seconds": end - start, "publish_seconds": end - stepped}
-        return {**metrics, "policy_version": self.version, "loss_version": self.loss_version, **times}
+        return TrainResult(self.version, self.loss_version, metrics, end - start, end - stepped)
 
     @endpoint
     def weights_manifest(self) -> WeightManifest:
@@ -104,20 +140,19 @@ class Trainer(Actor):
         self.publisher.unlink()
 
     @endpoint
-    def logprobs(self, prompt_ids: list[list[int]], completion_ids: list[list[int]]) -> list[list[float]]:
-        """Recompute the completions' token logprobs under the current weights (no grad)."""
-        return completion_logprobs(self.model, prompt_ids, completion_ids, self.pad_id, self.temperature)
-
-    @endpoint
     def save(self, path: str) -> int:
         """Write the current weights as an HF model directory (config.json + safetensors) -> version."""
         self.model.save_pretrained(path)
         return self.version
 
+    # -- diagnostics: for tests and debugging, never on the training path ----------------------
+
     @endpoint
     def checksum(self) -> tuple[int, str]:
+        """(policy version, checksum of the trainer's parameters)."""
         return self.version, checksum(self.model.named_parameters())
 
     @endpoint
-    def pid(self) -> int:
-        return os.getpid()
+    def logprobs(self, prompt_ids: list[list[int]], completion_ids: list[list[int]]) -> list[list[float]]:
+        """Recompute the completions' token logprobs under the current weights (no grad)."""
+        return completion_logprobs(self.model, prompt_ids, completion_ids, self.pad_id, self.temperature)

@@ -17,21 +17,12 @@ from typing import Any
 
 import torch
 
+from forge_nb.rewards.batch import RewardSample
 from forge_nb.rl.train_step import takes_ref
 
 
 class CheckFailed(Exception):
     """One check failed; the message says what was wrong (the caller adds which code and version)."""
-
-
-@dataclass(frozen=True)
-class RewardProbe:
-    """One real sample a candidate reward is called on: reward(prompt, completion, target, **context)."""
-
-    prompt: str
-    completion: str
-    target: str
-    context: dict
 
 
 @dataclass(frozen=True)
@@ -89,7 +80,7 @@ def check_reward_value(value: Any) -> float:
     return value
 
 
-def score_each(fn: Callable, probes: list[RewardProbe], values: list, errors: dict[int, str]) -> None:
+def score_each(fn: Callable, probes: list[RewardSample], values: list, errors: dict[int, str]) -> None:
     """Score every probe with `fn`, writing `values[i]` (a float) or `errors[i]` (why not) as it
     goes, so a caller that gives up on a hung reward still sees what was done."""
     for i, p in enumerate(probes):
@@ -101,7 +92,7 @@ def score_each(fn: Callable, probes: list[RewardProbe], values: list, errors: di
             errors[i] = describe_exception(e)
 
 
-def validate_reward(fn: Callable, probes: list[RewardProbe], timeout: float) -> list[float]:
+def validate_reward(fn: Callable, probes: list[RewardSample], timeout: float) -> list[float]:
     """Rewards of every probe under `fn` -> list of floats; `CheckFailed` names the first bad sample."""
 
     def score_all() -> list[float]:

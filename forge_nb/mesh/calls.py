@@ -22,3 +22,9 @@ def wait(future: Any) -> Any:
     except RuntimeError:
         return future.get()
     return _waiter.submit(future.get).result()
+
+
+def shards(items: int, procs: int) -> list[slice]:
+    """Contiguous, nearly equal slices of `items` for up to `procs` procs (none empty)."""
+    chunk = -(-items // procs)
+    return [slice(i * chunk, (i + 1) * chunk) for i in range(procs) if i * chunk < items]

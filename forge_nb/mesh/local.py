@@ -19,11 +19,11 @@ class LocalMesh:
         """The host mesh `role`'s procs start on: this host."""
         return this_host()
 
-    def spawn(self, role: str, actor_class: type, *args: Any, procs: int = 1) -> Any:
-        """Start `procs` processes for `role` and one `actor_class(*args)` in each -> the actor mesh."""
+    def spawn(self, role: str, actor_class: type, spec: Any, procs: int = 1) -> Any:
+        """Start `procs` processes for `role` and one `actor_class(spec=spec)` in each -> the actor mesh."""
         proc_mesh = self.host(role).spawn_procs(per_host={"procs": procs}, name=role)
         self.proc_meshes[role] = proc_mesh
-        return proc_mesh.spawn(role, actor_class, *args)
+        return proc_mesh.spawn(role, actor_class, spec=spec)
 
     def stop(self) -> list[str]:
         """Stop every proc mesh (each stop waits for its processes to exit) -> errors, if any."""

@@ -6,10 +6,13 @@ Shapes: B sequences, L = longest prompt+completion; per-token tensors are [B, L-
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 from torch import nn
+
+from forge_nb.rl.episode import Episode
 
 
 @dataclass
@@ -30,6 +33,37 @@ class TokenBatch:
         """The same batch with every tensor on `device`."""
         moved = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in self.__dict__.items()}
         return TokenBatch(**moved)
+
+
+@dataclass(frozen=True)
+class TrainBatch:
+    """B sequences to train on, as lists: what travels from the kernel to the trainer.
+
+    `logprobs` are the behaviour policy's (the generator's), `ref_logprobs` the reference model's
+    (None without one); both per completion token.
+    """
+
+    prompt_ids: list[list[int]]
+    completion_ids: list[list[int]]
+    logprobs: list[list[float]]
+    advantages: list[float]
+    ref_logprobs: list[list[float]] | None = None
+
+    @classmethod
+    def of(cls, episodes: Sequence[Episode], with_reference: bool = False) -> TrainBatch:
+        return cls(
+            [e.prompt_ids for e in episodes],
+            [e.completion_ids for e in episodes],
+            [e.logprobs for e in episodes],
+            [e.advantage for e in episodes],
+            [e.ref_logprobs for e in episodes] if with_reference else None,
+        )
+
+    def __len__(self) -> int:
+        return len(self.prompt_ids)
+
+    def collate(self, pad_id: int) -> TokenBatch:
+        return collate(self.prompt_ids, self.completion_ids, pad_id, self.logprobs, self.advantages, self.ref_logprobs)
 
 
 def collate(

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,6 +37,7 @@ class RefreshReport:
     transfer_seconds: float
     skipped: bool
     transport: str
+    replicas: int = 1
 
     @property
     def gbps(self) -> float:
@@ -44,6 +45,26 @@ class RefreshReport:
 
     def as_dict(self) -> dict:
         return {**self.__dict__, "gbps": self.gbps}
+
+    @classmethod
+    def combine(cls, reports: Sequence[RefreshReport]) -> RefreshReport:
+        """The reports of replicas that refreshed in parallel: bytes add up, times are the slowest's."""
+        versions = {r.version for r in reports}
+        if len(versions) != 1:
+            raise RefreshError(f"generator replicas refreshed to different versions {sorted(versions)}")
+        if len(reports) == 1:
+            return reports[0]
+        first = reports[0]
+        return cls(
+            first.version,
+            first.previous_version,
+            sum(r.bytes for r in reports),
+            max(r.seconds for r in reports),
+            max(r.transfer_seconds for r in reports),
+            all(r.skipped for r in reports),
+            "+".join(sorted({r.transport for r in reports})),
+            len(reports),
+        )
 
 
 class WeightReceiver:

@@ -1,9 +1,9 @@
 import pytest
 import torch
 
-from forge_nb.config import BUNDLED_MODEL
 from forge_nb.engines.base import SamplingParams
 from forge_nb.engines.torch_engine import TorchEngine, _top_p_filter
+from forge_nb.models import BUNDLED_MODEL
 from forge_nb.rl.batch import collate, token_logprobs
 
 

@@ -28,8 +28,8 @@ def s():
 
 
 def generate(s, prompts, sampling):
-    completions, version, _ = wait(s.generator.slice(procs=0).generate.call_one(prompts, sampling))
-    return completions, version
+    generation = wait(s.actors.generator.slice(procs=0).generate.call_one(prompts, sampling))
+    return generation.completions, generation.policy_version
 
 
 def max_diff(a: list[list[float]], b: list[list[float]]) -> float:
@@ -38,8 +38,8 @@ def max_diff(a: list[list[float]], b: list[list[float]]) -> float:
 
 def test_up_serves_with_vllm(s):
     assert s.status()["engine"] == "vllm"
-    info = wait(s.generator.slice(procs=0).engine_info.call_one())
-    assert info["engine"] == "vllm" and info["start_s"] > 0
+    info = wait(s.actors.generator.slice(procs=0).ready.call_one())
+    assert info.details["engine"] == "vllm" and info.start_s > 0
 
 
 def test_rollout_logprobs_match_the_trainer_at_the_same_version(s):
@@ -47,8 +47,8 @@ def test_rollout_logprobs_match_the_trainer_at_the_same_version(s):
     cfg = s.config.algorithm
     assert len(r.episodes) == cfg.prompts_per_step * cfg.group_size
     assert all(len(e.logprobs) == len(e.completion_ids) >= 1 for e in r.episodes)
-    recomputed = wait(s.trainer.logprobs.call_one([e.prompt_ids for e in r.episodes],
-                                                  [e.completion_ids for e in r.episodes]))  # fmt: skip
+    prompts, completions = [e.prompt_ids for e in r.episodes], [e.completion_ids for e in r.episodes]
+    recomputed = wait(s.actors.trainer.logprobs.call_one(prompts, completions))
     assert max_diff([e.logprobs for e in r.episodes], recomputed) < TOLERANCE
 
 
@@ -56,13 +56,13 @@ def test_train_and_sync_reach_the_running_engine(s):
     """A fixed prompt + completion: vLLM's logprobs move with the refresh and equal the trainer's after it."""
     prompt = [s.tokenizer("17+25=")["input_ids"]]
     completion = [s.tokenizer("42", add_special_tokens=False)["input_ids"] + [s.tokenizer.eos_token_id]]
-    before, v_before = wait(s.generator.slice(procs=0).score.call_one(prompt, completion))
+    before, v_before = wait(s.actors.generator.slice(procs=0).score.call_one(prompt, completion))
     for _ in range(3):
         s.train(s.rollout())
-    trainer = wait(s.trainer.logprobs.call_one(prompt, completion))
+    trainer = wait(s.actors.trainer.logprobs.call_one(prompt, completion))
     assert max_diff(before, trainer) > 10 * TOLERANCE  # training moved the weights measurably
     report = s.sync()
-    after, v_after = wait(s.generator.slice(procs=0).score.call_one(prompt, completion))
+    after, v_after = wait(s.actors.generator.slice(procs=0).score.call_one(prompt, completion))
     assert v_after == report["version"] == v_before + 3
     assert max_diff(after, trainer) < TOLERANCE
 

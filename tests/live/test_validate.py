@@ -4,10 +4,11 @@ import time
 import pytest
 import torch
 
-from forge_nb.live.validate import CheckFailed, LossProbe, RewardProbe, validate_loss, validate_reward
+from forge_nb.live.validate import CheckFailed, LossProbe, validate_loss, validate_reward
+from forge_nb.rewards.batch import RewardSample
 from forge_nb.rl.losses import grpo_loss
 
-PROBES = [RewardProbe("1+1=", "2", "2", {"step": 0}), RewardProbe("2+2=", "5", "4", {"step": 0})]
+PROBES = [RewardSample("1+1=", "2", "2", {"step": 0}), RewardSample("2+2=", "5", "4", {"step": 0})]
 
 
 def _probe() -> LossProbe:

@@ -28,9 +28,14 @@ class EnvProbe(Actor):
 
 
 def slurm_session(slurm, tmp_path, **overrides):
-    return forge_nb.up(mesh={"kind": "slurm"}, slurm={"log_dir": str(tmp_path / "logs"), "exclusive": False,
-                                                      "start_timeout_s": 60, **overrides},
-                       prompts_per_step=4, group_size=4, threads_per_proc=1, engine="torch")  # fmt: skip
+    return forge_nb.up(
+        mesh={"kind": "slurm"},
+        slurm={"log_dir": str(tmp_path / "logs"), "exclusive": False, "start_timeout_s": 60, **overrides},
+        prompts_per_step=4,
+        group_size=4,
+        threads_per_proc=1,
+        engine="torch",
+    )
 
 
 def assert_nothing_left(slurm) -> None:
@@ -46,7 +51,7 @@ def test_actors_run_inside_the_job_step_sync_and_down_cancels_it(slurm, tmp_path
         job = s.status()["slurm_job"]
         assert job and slurm.jobs() == [job]
         for role in ("generator", "trainer", "reward"):
-            probe = s._mesh.proc_meshes[role].spawn("probe", EnvProbe)
+            probe = s.actors.mesh.proc_meshes[role].spawn("probe", EnvProbe)
             assert set(wait(probe.env.call("SLURM_JOB_ID")).values()) == {job}
         df = s.step(2)
         assert len(df) == 2

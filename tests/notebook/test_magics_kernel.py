@@ -1,5 +1,6 @@
 """Every %forge magic in a real IPython kernel driven through jupyter_client."""
 
+import json
 import time
 
 import psutil
@@ -76,7 +77,7 @@ def test_every_magic_runs(kernel, tmp_path):
     assert "exported to" in kernel.ok(f"%forge export {tmp_path / 'run'} --steps 3")
     assert "len(completion) > 1" in (tmp_path / "run" / "reward.py").read_text()
     assert (tmp_path / "run" / "checkpoint" / "model.safetensors").is_file()
-    assert "default=3" in (tmp_path / "run" / "run.py").read_text()
+    assert json.loads((tmp_path / "run" / "manifest.json").read_text())["steps"] == 3
     text, content = kernel.run("%forge frobnicate")
     assert content["status"] == "error" and "unknown subcommand" in text
 

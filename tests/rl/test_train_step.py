@@ -7,9 +7,10 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from forge_nb.config import BUNDLED_MODEL, AlgorithmConfig
+from forge_nb.config import AlgorithmConfig
 from forge_nb.live.builtin import builtin_loss
 from forge_nb.live.capture import LiveCode, compile_function
+from forge_nb.models import BUNDLED_MODEL
 from forge_nb.rl.batch import collate, token_logprobs
 from forge_nb.rl.train_step import policy_step
 

@@ -7,7 +7,7 @@ import torch
 
 from forge_nb.weights.manifest import WeightManifest, checksum, host_id
 from forge_nb.weights.publish import WeightPublisher
-from forge_nb.weights.refresh import RefreshError, WeightReceiver
+from forge_nb.weights.refresh import RefreshError, RefreshReport, WeightReceiver
 
 
 def _receiver(publisher: WeightPublisher) -> WeightReceiver:
@@ -79,3 +79,14 @@ def test_unlink_leaves_no_shared_memory_file():
     assert all(p.exists() for p in paths)
     publisher.unlink()
     assert not any(p.exists() for p in paths)
+
+
+def test_replica_reports_combine_bytes_added_and_the_slowest_time():
+    a = RefreshReport(3, 2, 1000, 0.5, 0.4, False, "shm")
+    b = RefreshReport(3, 2, 1000, 1.0, 0.9, False, "rdma")
+    both = RefreshReport.combine([a, b])
+    assert (both.bytes, both.seconds, both.transfer_seconds, both.replicas) == (2000, 1.0, 0.9, 2)
+    assert both.transport == "rdma+shm" and both.gbps == pytest.approx(2000 / 1.0 / 1e9)
+    assert RefreshReport.combine([a]) is a
+    with pytest.raises(RefreshError, match=r"different versions \[3, 4\]"):
+        RefreshReport.combine([a, RefreshReport(4, 3, 1000, 0.5, 0.4, False, "shm")])

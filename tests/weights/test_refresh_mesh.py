@@ -6,6 +6,7 @@ import pytest
 
 import forge_nb
 from forge_nb.mesh.calls import wait
+from forge_nb.rl.batch import TrainBatch
 from tests.conftest import wait_no_children
 
 SMALL = {"prompts_per_step": 4, "group_size": 4, "threads_per_proc": 1}
@@ -53,18 +54,16 @@ def test_two_generator_replicas_refresh_in_parallel(up):
 def test_generator_always_holds_exactly_one_published_version_while_the_trainer_steps(up, transport):
     s = up(transport=transport)
     rollout = s.rollout()
-    batch = (
-        [e.prompt_ids for e in rollout.episodes], [e.completion_ids for e in rollout.episodes],
-        [e.logprobs for e in rollout.episodes], [e.advantage for e in rollout.episodes],
-    )  # fmt: skip
-    published = {0: wait(s.trainer.checksum.call_one())[1]}
+    batch = TrainBatch.of(rollout.episodes)
+    trainer, generator = s.actors.trainer, s.actors.generator
+    published = {0: wait(trainer.checksum.call_one())[1]}
     latest = [0]
     done = threading.Event()
 
     def trainer_loop():
         for _ in range(15):
-            version = wait(s.trainer.train_step.call_one(*batch))["policy_version"]
-            published[version] = wait(s.trainer.checksum.call_one())[1]
+            version = wait(trainer.train_step.call_one(batch)).policy_version
+            published[version] = wait(trainer.checksum.call_one())[1]
             latest[0] = version
         done.set()
 
@@ -73,11 +72,11 @@ def test_generator_always_holds_exactly_one_published_version_while_the_trainer_
     seen, refused = [], 0
     while not done.is_set():
         try:
-            wait(s.generator.refresh.call_one(latest[0]))
+            wait(generator.refresh.call_one(latest[0]))
         except Exception as e:  # the trainer got two versions ahead mid-read: refused, nothing loaded
             assert "nothing was loaded" in str(e)
             refused += 1
-        version, digest = wait(s.generator.checksum.call_one())
+        version, digest = wait(generator.checksum.call_one())
         seen.append((version, digest))
     thread.join()
     for version, digest in seen:

@@ -1,4 +1,4 @@
-from forge_nb.models.tokenizer import build_tokenizer
+from forge_nb.tools.char_tokenizer import build_tokenizer
 
 
 def test_char_level_round_trip_with_bos_and_eos():

@@ -2,7 +2,7 @@
 
 The warm start is deliberately short: the model answers some held-out additions but not most, so
 GRPO has signal from the first step. Everything is seeded; `build` reproduces the committed model.
-Run ``python -m forge_nb.models.recipe OUT_DIR`` to rebuild it.
+Run ``python -m forge_nb.tools.bundled_model OUT_DIR`` to rebuild it.
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from forge_nb.engines.base import SamplingParams
 from forge_nb.engines.torch_engine import TorchEngine
-from forge_nb.models.tokenizer import build_tokenizer
 from forge_nb.rl.batch import collate, token_logprobs
 from forge_nb.tasks.arithmetic import ALPHABET, Addition
+from forge_nb.tools.char_tokenizer import build_tokenizer
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,69 @@
+"""What every forge_nb actor shares: per-proc set-up and a readiness endpoint.
+
+Monarch refuses an actor class whose endpoints mix ``def`` and ``async def``, so there are two
+bases with the same `ready` endpoint: `ForgeActor` (plain endpoints) and `AsyncForgeActor` (async
+ones, for the generator, whose refresh awaits RDMA reads).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from dataclasses import dataclass, field
+
+import torch
+from monarch.actor import Actor, endpoint
+
+
+@dataclass(frozen=True)
+class ActorInfo:
+    """Who answered: the proc's pid and host, and how long the actor's constructor took (s)."""
+
+    role: str
+    pid: int
+    hostname: str
+    start_s: float
+    details: dict = field(default_factory=dict)  # role-specific, e.g. {"engine": "vllm"}
+
+
+def setup_proc(threads: int) -> None:
+    """Per-proc set-up every actor runs first: a torch thread budget, and no progress bars
+    (an actor's stdout is forwarded to the controller; bars would interleave there)."""
+    from transformers.utils import logging
+
+    torch.set_num_threads(threads)
+    logging.disable_progress_bar()
+
+
+class _Started:
+    """Records when construction began and builds the `ActorInfo` answer."""
+
+    role = "actor"
+
+    def _begin(self, threads: int) -> None:
+        self._started_at = time.perf_counter()
+        setup_proc(threads)
+
+    def _ready(self, **details) -> None:
+        """Call at the end of the constructor: from now on `ready` answers."""
+        start_s = time.perf_counter() - self._started_at
+        self._info = ActorInfo(self.role, os.getpid(), socket.gethostname(), start_s, details)
+
+
+class ForgeActor(_Started, Actor):
+    """Base of the actors with plain endpoints (trainer, reward workers, reference)."""
+
+    @endpoint
+    def ready(self) -> ActorInfo:
+        """Answers once the constructor has finished (or raises its error) -> who and where."""
+        return self._info
+
+
+class AsyncForgeActor(_Started, Actor):
+    """Base of the actors with async endpoints (the generator)."""
+
+    @endpoint
+    async def ready(self) -> ActorInfo:
+        """Answers once the constructor has finished (or raises its error) -> who and where."""
+        return self._info

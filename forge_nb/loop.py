@@ -1,0 +1,301 @@
+"""The training loop: one step (rollout -> train -> sync), and background runs, sync or async.
+
+Everything here drives a `StepDriver` (the session satisfies it): rollout, train, sync, the two
+policy versions, and a step counter. Each trained batch becomes one `StepRow` on the metrics
+stream, whichever way it was run.
+
+Background runs live in threads so the kernel stays responsive. Pause, resume and stop take
+effect at batch boundaries. An exception stops the run and is kept (`error`) for `status()` and
+the dashboard; it is never swallowed.
+
+The async run overlaps generation and training (LlamaRL-style), with bounded staleness: a producer
+keeps generating with the weights the generator serves, pulling the newest published version
+between its batches; a consumer trains on finished batches as they arrive. A batch more than
+`max_staleness` versions behind the trainer is dropped (counted, never trained on); the rest are
+trained as they are, so pick an off-policy-corrected loss such as ``algorithm.loss="aipo"`` when
+staleness is allowed. Every batch is consumed at most once.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+import traceback
+from collections import Counter
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from dataclasses import asdict, dataclass
+from typing import Any, Protocol
+
+from forge_nb.metrics import MetricsStream
+from forge_nb.rl.rollout import Rollout
+
+
+class StepDriver(Protocol):
+    """What the loop needs from a session."""
+
+    metrics_stream: MetricsStream
+    step_count: int  # trained batches; `train` advances it
+
+    @property
+    def trainer_version(self) -> int: ...
+
+    @property
+    def generator_version(self) -> int: ...
+
+    def rollout(self) -> Rollout: ...
+
+    def train(self, rollout: Rollout) -> dict[str, Any]: ...
+
+    def sync(self) -> dict[str, Any]: ...
+
+    def whole_step(self) -> AbstractContextManager:
+        """Hold both sides (generation and training) for one synchronous step."""
+        ...
+
+
+@dataclass(frozen=True)
+class StepRow:
+    """One trained batch. Times in seconds; `tokens_per_s` generated tokens per generation second;
+    `refresh_gbps` in 1e9 bytes/s (0 in async runs, whose refreshes happen between generator
+    batches). `staleness` = trainer version - version that generated the batch, at train time."""
+
+    step: int
+    mode: str  # "sync" or "async"
+    policy_version: int
+    generator_version: int
+    staleness: int
+    mean_reward: float
+    accuracy: float
+    tokens_per_s: float
+    generate_s: float
+    score_s: float
+    reference_s: float
+    train_s: float
+    refresh_s: float
+    refresh_gbps: float
+    loss: float
+    grad_norm: float
+    step_s: float
+
+    @classmethod
+    def of(
+        cls,
+        step: int,
+        mode: str,
+        rollout: Rollout,
+        train: dict[str, Any],
+        generator_version: int,
+        staleness: int,
+        step_s: float,
+        refresh: dict[str, Any] | None = None,
+    ) -> StepRow:
+        return cls(
+            step=step,
+            mode=mode,
+            policy_version=train["policy_version"],
+            generator_version=generator_version,
+            staleness=staleness,
+            mean_reward=rollout.mean_reward,
+            accuracy=rollout.accuracy,
+            tokens_per_s=rollout.tokens_per_s,
+            generate_s=rollout.generate_s,
+            score_s=rollout.score_s,
+            reference_s=rollout.reference_s,
+            train_s=train["train_seconds"],
+            refresh_s=refresh["total_seconds"] if refresh else 0.0,
+            refresh_gbps=refresh["gbps"] if refresh else 0.0,
+            loss=train["loss"],
+            grad_norm=train["grad_norm"],
+            step_s=step_s,
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def sync_step(driver: StepDriver) -> StepRow:
+    """rollout -> train -> sync, holding both sides so no swap or call lands mid-step."""
+    with driver.whole_step():
+        start = time.perf_counter()
+        rollout = driver.rollout()
+        staleness = driver.trainer_version - rollout.policy_version
+        train = driver.train(rollout)
+        refresh = driver.sync()
+        seconds = time.perf_counter() - start
+        row = StepRow.of(driver.step_count, "sync", rollout, train, refresh["version"], staleness, seconds, refresh)
+        driver.metrics_stream.emit("step", **row.as_dict())
+    return row
+
+
+class RunError(RuntimeError):
+    """A background run cannot start: one is already running, or the mode is unknown."""
+
+
+class RunSlot:
+    """The one background run a session may have at a time (kept after it ends: its state, error)."""
+
+    def __init__(self) -> None:
+        self.current: BackgroundRun | AsyncRun | None = None
+
+    def start(self, driver: StepDriver, steps: int | None, mode: str, max_staleness: int) -> BackgroundRun | AsyncRun:
+        """Start a run: `mode` "sync" (one `sync_step` after another) or "async" (see `AsyncRun`)."""
+        if self.current is not None and self.current.state in ("running", "paused"):
+            raise RunError(f"forge_nb: a background run is already {self.current.state}; stop() it first")
+        if mode == "sync":
+            self.current = BackgroundRun(lambda: sync_step(driver), steps)
+        elif mode == "async":
+            self.current = AsyncRun(driver, steps, max_staleness)
+        else:
+            raise RunError(f"forge_nb: run mode must be 'sync' or 'async', got {mode!r}")
+        return self.current.start()
+
+    def pause(self) -> None:
+        if self.current is not None:
+            self.current.pause()
+
+    def resume(self) -> None:
+        if self.current is not None:
+            self.current.resume()
+
+    def stop(self) -> None:
+        if self.current is not None:
+            self.current.stop()
+
+
+class RunControl:
+    """What every background run shares: its threads, pause / resume / stop, state and error."""
+
+    def __init__(self) -> None:
+        self.done = 0
+        self.error: str | None = None
+        self._resume, self._stop = threading.Event(), threading.Event()
+        self._resume.set()
+        self._threads: list[threading.Thread] = []
+
+    def _thread(self, loop: Callable[[], None], name: str) -> threading.Thread:
+        """A daemon thread running `loop`; an exception is recorded and stops the whole run."""
+
+        def run() -> None:
+            try:
+                loop()
+            except Exception as e:
+                self.error = f"{name}: {type(e).__name__}: {e}\n{traceback.format_exc()}"
+                self._stop.set()
+
+        thread = threading.Thread(target=run, name=name, daemon=True)
+        self._threads.append(thread)
+        return thread
+
+    def start(self):
+        for t in self._threads:
+            t.start()
+        return self
+
+    @property
+    def state(self) -> str:
+        if any(t.is_alive() for t in self._threads):
+            return "paused" if not self._resume.is_set() else "running"
+        return "failed" if self.error else "finished"
+
+    def pause(self) -> None:
+        self._resume.clear()
+
+    def resume(self) -> None:
+        self._resume.set()
+
+    def stop(self, timeout: float | None = 60.0) -> None:
+        """Ask the run to stop after the batch in flight, and wait for it."""
+        self._stop.set()
+        self._resume.set()
+        self.wait(timeout)
+
+    def wait(self, timeout: float | None = None) -> None:
+        """Block until the run finishes (or `timeout` s pass)."""
+        for t in self._threads:
+            if t is not threading.current_thread():
+                t.join(timeout)
+
+
+class BackgroundRun(RunControl):
+    """Calls `step()` until `steps` steps are done (None: until stopped)."""
+
+    def __init__(self, step: Callable[[], object], steps: int | None) -> None:
+        super().__init__()
+        self._step, self.steps = step, steps
+        self._thread(self._loop, "forge_nb-run")
+
+    def _loop(self) -> None:
+        while not self._stop.is_set() and (self.steps is None or self.done < self.steps):
+            self._resume.wait()
+            if self._stop.is_set():
+                break
+            try:
+                self._step()
+            except Exception as e:
+                raise RuntimeError(f"step {self.done + 1} failed: {type(e).__name__}: {e}") from e
+            self.done += 1
+
+
+class AsyncRun(RunControl):
+    """Generation and training in two threads, plus sample accounting:
+    `produced` = trained + dropped + unconsumed, in samples."""
+
+    def __init__(self, driver: StepDriver, steps: int | None, max_staleness: int, queue_size: int = 1) -> None:
+        super().__init__()
+        self.driver, self.steps, self.max_staleness = driver, steps, max_staleness
+        self.produced = self.trained = self.dropped = 0
+        self.unconsumed: list[Rollout] = []
+        self.trained_sample_ids: list[int] = []
+        self.staleness = Counter()  # versions behind at train time -> batches
+        self._queue: queue.Queue[Rollout] = queue.Queue()
+        # A batch is generated only once there is room for it: generating ahead of the queue would
+        # only make batches stale (and dropped) by the time the trainer gets to them.
+        self._room = threading.Semaphore(queue_size)
+        self._thread(self._produce, "forge_nb-async-generate")
+        self._thread(self._consume, "forge_nb-async-train")
+
+    def _produce(self) -> None:
+        d = self.driver
+        while not self._stop.is_set():
+            self._resume.wait()
+            if self._stop.is_set():
+                break
+            if not self._room.acquire(timeout=0.1):
+                continue
+            if d.trainer_version > d.generator_version:
+                d.sync()  # between generator batches: the trainer is not waiting for it
+            rollout = d.rollout()
+            self.produced += len(rollout.episodes)
+            self._queue.put(rollout)
+
+    def _consume(self) -> None:
+        d, last = self.driver, time.perf_counter()
+        while not self._stop.is_set() and (self.steps is None or self.done < self.steps):
+            try:
+                rollout = self._queue.get(timeout=0.1)
+            except queue.Empty:
+                continue
+            self._room.release()
+            staleness = d.trainer_version - rollout.policy_version
+            if staleness > self.max_staleness:
+                self.dropped += len(rollout.episodes)
+                d.metrics_stream.emit("dropped", step=d.step_count, staleness=staleness, samples=len(rollout.episodes))
+                continue
+            train = d.train(rollout)
+            self.staleness[staleness] += 1
+            self.trained += len(rollout.episodes)
+            self.trained_sample_ids += [e.sample_id for e in rollout.episodes]
+            self.done += 1
+            now = time.perf_counter()
+            row = StepRow.of(d.step_count, "async", rollout, train, d.generator_version, staleness, now - last)
+            d.metrics_stream.emit("step", **row.as_dict())
+            last = now
+        self._stop.set()
+
+    def wait(self, timeout: float | None = None) -> None:
+        """Block until both sides finish; batches still queued become `unconsumed`."""
+        super().wait(timeout)
+        while not self._queue.empty():
+            self.unconsumed.append(self._queue.get_nowait())

@@ -1,0 +1,184 @@
+"""The session's actors on a mesh: spawned from one `Config`, and every call the session makes on them.
+
+Batches are split over a role's procs here: contiguous shards sent concurrently, results put back
+in order. Generator replicas always serve the same policy version; a disagreement is an error.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any
+
+from monarch.actor import Future
+from tqdm.auto import tqdm
+
+from forge_nb.actors.base import ActorInfo
+from forge_nb.actors.generator import Generation, Generator, GeneratorSpec
+from forge_nb.actors.reference import Reference, ReferenceSpec
+from forge_nb.actors.reward import RewardSpec, RewardWorker
+from forge_nb.actors.trainer import Trainer, TrainerSpec, TrainResult
+from forge_nb.config import Config
+from forge_nb.engines.base import SamplingParams
+from forge_nb.live.capture import LiveCode
+from forge_nb.mesh.calls import shards, wait
+from forge_nb.mesh.local import LocalMesh
+from forge_nb.mesh.slurm import SlurmMesh
+from forge_nb.rewards.batch import RewardBatch, Scores
+from forge_nb.rl.batch import TrainBatch
+from forge_nb.rl.episode import Episode
+from forge_nb.weights.refresh import RefreshReport
+
+
+class ReplicaMismatch(RuntimeError):
+    """Generator replicas answered with different policy versions."""
+
+
+class Roles:
+    """Generator replicas, the trainer, reward workers and (with ``algorithm.kl_coef > 0``) the
+    frozen reference model, each role in procs of its own on `mesh`, which they own."""
+
+    def __init__(
+        self, mesh: LocalMesh, config: Config, engine: str, pad_id: int, reward: LiveCode, loss: LiveCode
+    ) -> None:
+        m, self.mesh, self.kind = config.mesh, mesh, config.mesh.kind
+        self.info: dict[str, list[ActorInfo]] = {}  # filled by wait_ready
+        self.weights_transport: str | None = None  # set by attach_weights
+        self.engine, self.generator_procs, self.reward_procs = engine, m.generator_procs, m.reward_procs
+        self.generator = mesh.spawn(
+            "generator", Generator, GeneratorSpec.from_config(config, engine), procs=m.generator_procs
+        )
+        self.trainer = mesh.spawn("trainer", Trainer, TrainerSpec.from_config(config, pad_id, loss))
+        reward_spec = RewardSpec(reward, 0, config.live.timeout_s, m.threads_per_proc)
+        self.rewards = mesh.spawn("reward", RewardWorker, reward_spec, procs=m.reward_procs)
+        self.reference = None
+        if config.algorithm.kl_coef > 0:
+            self.reference = mesh.spawn("reference", Reference, ReferenceSpec.from_config(config, pad_id))
+
+    @classmethod
+    def start(cls, config: Config, engine: str, pad_id: int, reward: LiveCode, loss: LiveCode) -> Roles:
+        """Start the mesh (this host's procs, or a Slurm job's nodes: `SlurmError` if that fails) and
+        spawn every role on it; returns before the actors' constructors finish (`wait_ready`)."""
+        mesh = LocalMesh() if config.mesh.kind == "local" else SlurmMesh(config.slurm)
+        try:
+            return cls(mesh, config, engine, pad_id, reward, loss)
+        except BaseException:
+            mesh.stop()
+            raise
+
+    def stop(self) -> list[str]:
+        """Stop every proc (and the Slurm job) -> errors, if any."""
+        try:  # normally done right after start; this covers a start that failed half-way
+            self.unlink_shared_memory()
+        except Exception:
+            pass
+        return self.mesh.stop()
+
+    @property
+    def pids(self) -> dict[str, list[int]]:
+        """Process ids of each role's procs (once `wait_ready` has returned)."""
+        return {role: [i.pid for i in infos] for role, infos in self.info.items()}
+
+    def describe(self) -> dict[str, Any]:
+        """The mesh for `Session.status`: kind, Slurm job, procs, engine, weights transport."""
+        job = getattr(self.mesh, "job_id", None)
+        return {
+            "mesh": self.kind,
+            "slurm_job": job,
+            "procs": self.pids,
+            "engine": self.engine,
+            "weights_transport": self.weights_transport,
+        }
+
+    def wait_ready(self) -> dict[str, list[ActorInfo]]:
+        """Wait until every actor's constructor has finished (or raise its error) -> who answered."""
+        roles = {"generator": self.generator, "trainer": self.trainer, "reward": self.rewards}
+        if self.reference is not None:
+            roles["reference"] = self.reference
+        ready = {}
+        with tqdm(total=len(roles), desc="forge_nb up: starting actors", leave=False) as bar:
+            for role, actors in roles.items():
+                bar.set_postfix_str(f"generator ({self.engine} engine)" if role == "generator" else role)
+                ready[role] = list(wait(actors.ready.call()).values())
+                bar.update()
+        self.info = ready
+        return ready
+
+    def attach_weights(self, transport: str) -> str:
+        """Point every generator at the trainer's published weights -> the transport(s) they chose."""
+        manifest = wait(self.trainer.weights_manifest.call_one())
+        chosen = set(wait(self.generator.attach.call(manifest, transport)).values())
+        wait(self.trainer.unlink_shared_memory.call_one())
+        self.weights_transport = "+".join(sorted(chosen))
+        return self.weights_transport
+
+    def generate(self, prompts: list[str], sampling: SamplingParams) -> Generation:
+        """Split the prompts over the generator replicas -> completions in prompt order, the policy
+        version, and the slowest replica's seconds."""
+        parts = shards(len(prompts), self.generator_procs)
+        futures = [
+            self.generator.slice(procs=i).generate.call_one(prompts[part], _replica_sampling(sampling, i))
+            for i, part in enumerate(parts)
+        ]
+        results: list[Generation] = [wait(f) for f in futures]
+        versions = {r.policy_version for r in results}
+        if len(versions) != 1:
+            raise ReplicaMismatch(f"generator replicas serve different policy versions {sorted(versions)}")
+        completions = [group for r in results for group in r.completions]
+        return Generation(completions, versions.pop(), max(r.seconds for r in results))
+
+    def score(self, batch: RewardBatch) -> list[tuple[slice, Scores]]:
+        """Split the batch evenly over the reward workers -> (which samples, their scores) per shard."""
+        parts = shards(len(batch), self.reward_procs)
+        futures = [self.rewards.slice(procs=i).score.call_one(batch.shard(part)) for i, part in enumerate(parts)]
+        return [(part, wait(future)) for part, future in zip(parts, futures)]
+
+    def reference_logprobs(self, episodes: list[Episode]) -> Future | None:
+        """Ask the reference model for the episodes' logprobs; wait on the future (None: no reference)."""
+        if self.reference is None or not episodes:
+            return None
+        return self.reference.logprobs.call_one([e.prompt_ids for e in episodes], [e.completion_ids for e in episodes])
+
+    @staticmethod
+    def attach_reference(episodes: list[Episode], reference: Future | None) -> float:
+        """Wait for `reference_logprobs` and store them on the episodes -> seconds waited."""
+        if reference is None:
+            return 0.0
+        start = time.perf_counter()
+        for e, logprobs in zip(episodes, wait(reference)):
+            e.ref_logprobs = logprobs
+        return time.perf_counter() - start
+
+    def train_step(self, batch: TrainBatch) -> TrainResult:
+        return wait(self.trainer.train_step.call_one(batch))
+
+    def refresh(self, version: int) -> RefreshReport:
+        """Every generator replica loads published `version` (in parallel)."""
+        return RefreshReport.combine(list(wait(self.generator.refresh.call(version)).values()))
+
+    def set_reward(self, code: LiveCode, version: int) -> None:
+        wait(self.rewards.set_reward.call(code, version))
+
+    def set_loss(self, code: LiveCode, version: int) -> None:
+        wait(self.trainer.set_loss.call_one(code, version))
+
+    def save(self, path: str) -> int:
+        return wait(self.trainer.save.call_one(path))
+
+    def unlink_shared_memory(self) -> None:
+        wait(self.trainer.unlink_shared_memory.call_one())
+
+    def checksums(self) -> dict[str, Any]:
+        """(version, weights checksum) of the trainer, generator replica 0 and every replica."""
+        return {
+            "trainer": wait(self.trainer.checksum.call_one()),
+            "generator": wait(self.generator.slice(procs=0).checksum.call_one()),
+            "generator_replicas": list(wait(self.generator.checksum.call()).values()),
+        }
+
+
+def _replica_sampling(sampling: SamplingParams, replica: int) -> SamplingParams:
+    """Each replica samples from its own seed stream (replica 0 keeps the session's seed)."""
+    if sampling.seed is None or replica == 0:
+        return sampling
+    return dataclasses.replace(sampling, seed=sampling.seed + 7919 * replica)

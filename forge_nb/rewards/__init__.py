@@ -1,0 +1,1 @@
+"""Rewards: what a reward is called on and what scoring returns (`batch`)."""

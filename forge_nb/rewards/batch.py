@@ -1,0 +1,75 @@
+"""What a reward is called on, and what scoring a batch returns.
+
+A reward is ``reward(prompt, completion, target, **context) -> float``; `context` carries the
+training state of the sample (step, policy version, sample id, prompt id). Batches travel to the
+reward actors as columns (`RewardBatch`), far cheaper to send than one object per sample.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+
+from forge_nb.rl.episode import Episode
+
+
+@dataclass(frozen=True)
+class RewardSample:
+    """One sample a reward is called on: ``reward(prompt, completion, target, **context)``."""
+
+    prompt: str
+    completion: str
+    target: str
+    context: dict
+
+
+@dataclass(frozen=True)
+class RewardBatch:
+    """A batch to score, as columns (one entry per sample); `samples()` expands it where it is scored."""
+
+    prompts: list[str]
+    completions: list[str]
+    targets: list[str]
+    policy_versions: list[int]
+    sample_ids: list[int]
+    prompt_ids: list[str]
+    step: int
+
+    def __len__(self) -> int:
+        return len(self.prompts)
+
+    def shard(self, part: slice) -> RewardBatch:
+        columns = (self.prompts, self.completions, self.targets, self.policy_versions, self.sample_ids, self.prompt_ids)
+        return RewardBatch(*(c[part] for c in columns), step=self.step)
+
+    def samples(self) -> Iterator[RewardSample]:
+        for i in range(len(self)):
+            context = {
+                "step": self.step,
+                "policy_version": self.policy_versions[i],
+                "sample_id": self.sample_ids[i],
+                "prompt_id": self.prompt_ids[i],
+            }
+            yield RewardSample(self.prompts[i], self.completions[i], self.targets[i], context)
+
+
+def reward_batch(episodes: Sequence[Episode], step: int) -> RewardBatch:
+    """The columns of `episodes`, scored at training step `step`."""
+    return RewardBatch(
+        [e.prompt for e in episodes],
+        [e.completion for e in episodes],
+        [e.target for e in episodes],
+        [e.policy_version for e in episodes],
+        [e.sample_id for e in episodes],
+        [e.prompt_id for e in episodes],
+        step,
+    )
+
+
+@dataclass
+class Scores:
+    """Rewards of one batch: `rewards[i]` is None where sample i failed, `errors[i]` says why."""
+
+    rewards: list[float | None]
+    errors: dict[int, str] = field(default_factory=dict)
+    reward_version: int = 0

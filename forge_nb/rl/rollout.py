@@ -1,0 +1,180 @@
+"""The rollout pipeline as pure functions: completions -> episodes -> scores -> advantages -> train subset.
+
+`Session.rollout` makes the actor calls (generate, score, reference logprobs) and runs these in
+between; everything here is plain Python and torch, tested without a mesh.
+
+    episodes = make_episodes(problems, completions, policy_version, first_sample_id)
+    errors = apply_scores(episodes, scores)           # per-shard `Scores` from the reward actors
+    add_overlong_penalty(episodes, max_tokens, cache)  # DAPO, when configured
+    assign_advantages(episodes, group_size, normalize_std)
+    batch = train_subset(episodes, dynamic_sampling)   # what the trainer gets
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import pandas as pd
+import torch
+
+from forge_nb.engines.base import Completion
+from forge_nb.rewards.batch import Scores
+from forge_nb.rl.advantages import group_relative, informative_groups, overlong_penalty
+from forge_nb.rl.episode import Episode
+from forge_nb.tasks.base import Problem
+
+
+class EmptyTrainBatch(ValueError):
+    """Every sample of a rollout failed its reward: there is nothing to train on."""
+
+
+@dataclass
+class Rollout:
+    """`episodes` are P prompts x G samples, grouped by `group_id`; `accuracy` is the verifier's view.
+
+    Times are seconds inside the actors; `tokens_per_s` is generated tokens / generation seconds.
+    `reference_s` is how long the rollout still waited for the reference model's logprobs once
+    scoring was done (they are computed while the reward procs score; 0 without a reference).
+    """
+
+    episodes: list[Episode]
+    policy_version: int
+    accuracy: float
+    generate_s: float
+    score_s: float
+    reference_s: float = 0.0
+
+    @property
+    def mean_reward(self) -> float:
+        return sum(e.reward for e in self.episodes) / len(self.episodes)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(e.num_tokens for e in self.episodes)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.num_tokens / self.generate_s if self.generate_s > 0 else 0.0
+
+    def summary(self) -> dict[str, float]:
+        return {
+            "policy_version": self.policy_version,
+            "mean_reward": self.mean_reward,
+            "accuracy": self.accuracy,
+            "samples": len(self.episodes),
+            "tokens": self.num_tokens,
+            "tokens_per_s": self.tokens_per_s,
+            "generate_s": self.generate_s,
+            "score_s": self.score_s,
+            "reference_s": self.reference_s,
+        }
+
+    def to_pandas(self) -> pd.DataFrame:
+        """One row per sample: prompt, completion, target, reward, advantage, versions, ..."""
+        return pd.DataFrame([e.row() for e in self.episodes])
+
+    def __repr__(self) -> str:
+        return (
+            f"Rollout({len(self.episodes)} samples, policy v{self.policy_version}, "
+            f"mean reward {self.mean_reward:.3f}, {self.tokens_per_s:.0f} tokens/s)"
+        )
+
+
+def make_episodes(
+    problems: Sequence[Problem],
+    completions: Sequence[Sequence[Completion]],
+    policy_version: int,
+    first_sample_id: int | None,
+) -> list[Episode]:
+    """Episodes in prompt-major order, numbered from `first_sample_id`; the group id of a prompt's
+    samples is the id of its first one. `first_sample_id=None` makes probe episodes (ids -1)."""
+    episodes, next_id = [], first_sample_id
+    for problem, group in zip(problems, completions):
+        group_id = -1 if next_id is None else next_id
+        for c in group:
+            episodes.append(
+                Episode(
+                    sample_id=-1 if next_id is None else next_id,
+                    group_id=group_id,
+                    prompt_id=problem.prompt_id,
+                    prompt=problem.prompt,
+                    completion=c.text,
+                    target=problem.target,
+                    prompt_ids=c.prompt_ids,
+                    completion_ids=c.token_ids,
+                    logprobs=c.logprobs,
+                    finish_reason=c.finish_reason,
+                    policy_version=policy_version,
+                )
+            )
+            next_id = None if next_id is None else next_id + 1
+    return episodes
+
+
+def apply_scores(episodes: Sequence[Episode], scores: Scores) -> list[dict]:
+    """Fill in each episode's reward (or its error, with reward NaN) from `scores`, which lines up
+    with `episodes` -> one record per failed sample (for `Session.reward_errors`)."""
+    errors = []
+    for i, e in enumerate(episodes):
+        e.reward_version = scores.reward_version
+        if i in scores.errors:
+            e.reward, e.reward_error = float("nan"), scores.errors[i]
+            errors.append(
+                {
+                    "sample_id": e.sample_id,
+                    "reward_version": scores.reward_version,
+                    "prompt": e.prompt,
+                    "completion": e.completion,
+                    "error": scores.errors[i],
+                }
+            )
+        else:
+            e.reward = scores.rewards[i]
+    return errors
+
+
+def add_overlong_penalty(episodes: Sequence[Episode], max_tokens: int, cache: int) -> None:
+    """DAPO soft overlong punishment added to the reward of every scored episode; the raw parts are
+    kept in `Episode.rewards` ("reward", "overlong")."""
+    scored = [e for e in episodes if e.reward_error is None]
+    if not scored:
+        return
+    penalty = overlong_penalty(torch.tensor([e.num_tokens for e in scored]), max_tokens, cache)
+    for e, p in zip(scored, penalty.tolist()):
+        e.rewards = {"reward": e.reward, "overlong": p}
+        e.reward += p
+
+
+def assign_advantages(episodes: Sequence[Episode], group_size: int, normalize_std: bool = True) -> None:
+    """Group-relative advantages over consecutive groups of `group_size` episodes (prompt-major
+    order). Episodes whose reward failed get advantage 0 and do not count in their group."""
+    groups = len(episodes) // group_size
+    valid = torch.tensor([e.reward_error is None for e in episodes]).view(groups, group_size)
+    rewards = torch.tensor([e.reward for e in episodes]).view(groups, group_size)
+    advantages = group_relative(rewards, normalize_std, valid=valid).flatten().tolist()
+    for e, a in zip(episodes, advantages):
+        e.advantage = a
+
+
+def train_subset(episodes: Sequence[Episode], dynamic_sampling: bool = False) -> list[Episode]:
+    """The episodes to train on: those that scored, minus the groups whose rewards are all equal
+    when `dynamic_sampling` (DAPO) is on. May be empty then; raises `EmptyTrainBatch` when no
+    episode scored at all."""
+    scored = [e for e in episodes if e.reward_error is None]
+    if not scored:
+        raise EmptyTrainBatch("every sample of this rollout failed its reward; nothing to train on")
+    if not dynamic_sampling:
+        return scored
+    groups: dict[int, list[float]] = {}
+    for e in scored:
+        groups.setdefault(e.group_id, []).append(e.reward)
+    keep = {g for g, informative in zip(groups, _informative(list(groups.values()))) if informative}
+    return [e for e in scored if e.group_id in keep]
+
+
+def _informative(rows: list[list[float]]) -> list[bool]:
+    """`informative_groups` over groups of unequal size (failed samples are left out)."""
+    width = max(len(r) for r in rows)
+    padded = torch.tensor([r + [r[0]] * (width - len(r)) for r in rows])  # padding repeats a member: no new value
+    return informative_groups(padded).tolist()

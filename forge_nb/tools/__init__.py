@@ -1,0 +1,1 @@
+"""Tools that make the package's data: the bundled model's recipe and its character tokenizer."""

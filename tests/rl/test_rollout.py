@@ -1,0 +1,107 @@
+"""The rollout pipeline's pure steps, without a mesh: episodes, scores, penalties, advantages, train subset."""
+
+import math
+
+import pytest
+
+from forge_nb.engines.base import Completion
+from forge_nb.rewards.batch import Scores
+from forge_nb.rl.rollout import (
+    EmptyTrainBatch,
+    Rollout,
+    add_overlong_penalty,
+    apply_scores,
+    assign_advantages,
+    make_episodes,
+    train_subset,
+)
+from forge_nb.tasks.base import Problem
+
+PROBLEMS = [Problem("1+1", "1+1=", "2"), Problem("2+3", "2+3=", "5")]
+
+
+def _completions(texts: list[list[str]], lengths: list[list[int]] | None = None) -> list[list[Completion]]:
+    lengths = lengths or [[len(t) + 1 for t in group] for group in texts]
+    return [
+        [Completion([1, 4], list(range(n)), [-0.5] * n, t, "stop") for t, n in zip(group, ns)]
+        for group, ns in zip(texts, lengths)
+    ]
+
+
+def _episodes(rewards: list[float], errors: dict[int, str] | None = None, group_size: int = 3):
+    groups = [["x"] * group_size for _ in range(len(rewards) // group_size)]
+    episodes = make_episodes(PROBLEMS[: len(groups)], _completions(groups), 4, 10)
+    apply_scores(episodes, Scores([None if i in (errors or {}) else r for i, r in enumerate(rewards)], errors or {}))
+    return episodes
+
+
+def test_episodes_are_prompt_major_with_consecutive_ids_and_group_ids():
+    episodes = make_episodes(PROBLEMS, _completions([["2", "3"], ["5", "6"]]), policy_version=7, first_sample_id=100)
+    assert [e.sample_id for e in episodes] == [100, 101, 102, 103]
+    assert [e.group_id for e in episodes] == [100, 100, 102, 102]
+    assert [(e.prompt, e.completion, e.target) for e in episodes][2] == ("2+3=", "5", "5")
+    assert {e.policy_version for e in episodes} == {7}
+    assert episodes[0].logprobs == [-0.5, -0.5] and episodes[0].finish_reason == "stop"
+
+
+def test_probe_episodes_use_no_ids():
+    episodes = make_episodes(PROBLEMS, _completions([["2"], ["5"]]), 0, first_sample_id=None)
+    assert {e.sample_id for e in episodes} == {e.group_id for e in episodes} == {-1}
+
+
+def test_scores_fill_rewards_and_a_failed_sample_gets_nan_and_an_error_record():
+    episodes = make_episodes(PROBLEMS[:1], _completions([["a", "b", "c"]]), 0, 0)
+    errors = apply_scores(episodes, Scores([1.0, None, 0.0], {1: "raised KeyError: 'x'"}, reward_version=3))
+    assert [e.reward_version for e in episodes] == [3, 3, 3]
+    assert episodes[0].reward == 1.0 and episodes[2].reward == 0.0
+    assert math.isnan(episodes[1].reward) and episodes[1].reward_error == "raised KeyError: 'x'"
+    expected = {
+        "sample_id": 1,
+        "reward_version": 3,
+        "prompt": "1+1=",
+        "completion": "b",
+        "error": "raised KeyError: 'x'",
+    }
+    assert errors == [expected]
+
+
+def test_overlong_penalty_ramps_over_the_cache_and_keeps_the_raw_parts():
+    episodes = make_episodes(PROBLEMS[:1], _completions([["a", "b", "c", "d"]], [[4, 5, 7, 9]]), 0, 0)
+    apply_scores(episodes, Scores([1.0, 1.0, 1.0, None], {3: "failed"}))
+    add_overlong_penalty(episodes, max_tokens=8, cache=4)  # free up to 4 tokens, -1 at 8
+    assert [e.rewards.get("overlong") for e in episodes] == [0.0, -0.25, -0.75, None]
+    assert [e.reward for e in episodes[:3]] == [1.0, 0.75, 0.25]
+    assert episodes[1].rewards["reward"] == 1.0
+
+
+def test_advantages_are_relative_within_each_group_and_failed_samples_do_not_count():
+    episodes = _episodes([1.0, 0.0, 0.0, 5.0, 5.0, 1.0], errors={5: "failed"})
+    assign_advantages(episodes, group_size=3, normalize_std=False)
+    assert [e.advantage for e in episodes] == pytest.approx([2 / 3, -1 / 3, -1 / 3, 0.0, 0.0, 0.0])
+    assign_advantages(episodes, group_size=3, normalize_std=True)
+    assert sum(e.advantage for e in episodes[:3]) == pytest.approx(0.0, abs=1e-6)
+    assert episodes[0].advantage == pytest.approx((2 / 3) / math.sqrt(2 / 9), rel=1e-4)
+
+
+def test_train_subset_leaves_out_failed_samples_and_with_dynamic_sampling_all_equal_groups():
+    # group 1: 1, 0, 0 (informative); group 2: 5, 5 and a failed sample (all equal among those that scored)
+    episodes = _episodes([1.0, 0.0, 0.0, 5.0, 5.0, 1.0], errors={5: "failed"})
+    assert [e.sample_id for e in train_subset(episodes)] == [10, 11, 12, 13, 14]
+    assert [e.sample_id for e in train_subset(episodes, dynamic_sampling=True)] == [10, 11, 12]
+    all_equal = _episodes([1.0, 1.0, 1.0])
+    assert train_subset(all_equal, dynamic_sampling=True) == []
+
+
+def test_a_rollout_whose_every_reward_failed_has_nothing_to_train_on():
+    episodes = _episodes([0.0, 0.0, 0.0], errors={0: "a", 1: "b", 2: "c"})
+    with pytest.raises(EmptyTrainBatch, match="every sample of this rollout failed its reward"):
+        train_subset(episodes)
+
+
+def test_rollout_summary_and_table():
+    episodes = _episodes([1.0, 0.0, 0.0])
+    rollout = Rollout(episodes, policy_version=4, accuracy=1 / 3, generate_s=0.5, score_s=0.1)
+    assert rollout.mean_reward == pytest.approx(1 / 3)
+    assert rollout.num_tokens == 6 and rollout.tokens_per_s == 12.0
+    assert rollout.summary()["samples"] == 3
+    assert list(rollout.to_pandas().sample_id) == [10, 11, 12]
