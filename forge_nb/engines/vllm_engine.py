@@ -99,10 +99,17 @@ class VllmEngine:
 
     @classmethod
     def _start(cls, model_dir, dtype, max_model_len, seed, kv_cache_mb, gpu_memory_utilization, warm_up) -> VllmEngine:
-        from transformers import AutoTokenizer
+        from transformers import AutoConfig, AutoTokenizer
         from vllm import LLM
 
         gpu = torch.cuda.is_available()
+        cpu_options = {}
+        if not gpu:
+            # A prefill split over scheduler steps makes vLLM rewind the request's seeded generator, which a CPU
+            # generator cannot do ("CPU Generator does not use offset"): on the CPU every prefill runs whole,
+            # with a token budget that fits the longest prompt.
+            context = max_model_len or AutoConfig.from_pretrained(str(model_dir)).max_position_embeddings
+            cpu_options = {"enable_chunked_prefill": False, "max_num_batched_tokens": max(8192, context)}
         llm = LLM(
             model=str(model_dir),
             dtype=str(dtype).removeprefix("torch."),
@@ -113,6 +120,7 @@ class VllmEngine:
             gpu_memory_utilization=gpu_memory_utilization,
             kv_cache_memory_bytes=None if gpu else kv_cache_mb * MiB,
             enable_prefix_caching=True,  # the G samples of one prompt share its prefill
+            **cpu_options,
         )
         engine = cls(llm, AutoTokenizer.from_pretrained(str(model_dir)))
         if warm_up:

@@ -84,3 +84,14 @@ def test_stop_strings_end_the_completion(s):
     (cut,), _ = generate(s, ["11+11="], SamplingParams(n=1, temperature=0.0, max_tokens=6, stop=(text[1],)))
     assert cut[0].finish_reason == "stop" and cut[0].text == text[: text.index(text[1])]
     assert len(cut[0].logprobs) == len(cut[0].token_ids) <= len(full[0].token_ids)
+
+
+def test_a_seeded_batch_larger_than_one_scheduler_step_generates_on_the_cpu(s):
+    """600 prompts x 8 samples: more prompt tokens than vLLM schedules at once. A prefill split over steps
+    would make vLLM rewind the seeded CPU generator, which fails ("CPU Generator does not use offset")."""
+    prompts = [f"{a}+{b}=" for a in range(20, 80) for b in range(10)]
+    sampling = SamplingParams(n=8, temperature=1.0, max_tokens=2, seed=3)
+    first, _ = generate(s, prompts, sampling)
+    again, _ = generate(s, prompts, sampling)
+    assert len(first) == 600 and all(len(group) == 8 for group in first)
+    assert [[c.token_ids for c in g] for g in first] == [[c.token_ids for c in g] for g in again]
