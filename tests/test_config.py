@@ -57,17 +57,28 @@ def test_yaml_round_trip(tmp_path: Path):
     assert Config.from_dict(config.to_dict()) == config
 
 
-def test_engine_shorthand_and_auto_resolution(monkeypatch):
+def test_engine_shorthand_and_auto_resolution(monkeypatch, tmp_path):
+    import torch
+
     import forge_nb.engines as engines
 
     assert Config().updated({"engine": "torch"}).engine.name == "torch"
     monkeypatch.setenv("FORGE_NB_ENGINE", "torch")
-    assert Config().engine.resolved_name == "torch"
+    assert Config().engine_name() == "torch"
     monkeypatch.delenv("FORGE_NB_ENGINE")
     monkeypatch.setattr(engines, "vllm_available", lambda: False)
-    assert Config().engine.resolved_name == "torch"
+    assert Config().engine_name() == "torch"
     monkeypatch.setattr(engines, "vllm_available", lambda: True)
-    assert Config().engine.resolved_name == "vllm"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert Config().engine_name() == "torch"  # the bundled model is small: the torch engine is faster on a CPU
+    big = tmp_path / "big"
+    big.mkdir()
+    (big / "config.json").write_text("{}")
+    with open(big / "model.safetensors", "wb") as f:  # sparse: 300 MB of weights as far as sizes go
+        f.truncate(300 << 20)
+    assert Config().updated({"model.path": str(big)}).engine_name() == "vllm"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert Config().engine_name() == "vllm"  # on a GPU, always vLLM
 
 
 def test_vllm_asked_for_but_not_installed_says_how_to_install(monkeypatch):

@@ -66,7 +66,8 @@ def test_export_of_a_config_pins_the_engine_and_runs_locally(tmp_path):
     assert written.mesh.kind == "local" and written.engine.name == "torch"  # the suite's $FORGE_NB_ENGINE
     assert written.algorithm.lr == 1e-4
     manifest = json.loads((out / "manifest.json").read_text())
-    assert manifest["reward"]["builtin"] and manifest["config_changes"]["mesh.kind"] == ["slurm", "local"]
+    assert manifest["reward"]["members"]["reward"]["builtin"]
+    assert manifest["config_changes"]["mesh.kind"] == ["slurm", "local"]
     assert manifest["steps"] == 7
     assert (out / "run.py").read_text() == RUN_SCRIPT.read_text()  # copied verbatim
 
@@ -95,7 +96,7 @@ def test_exported_session_runs_to_completion_under_slurm_and_matches_the_noteboo
     result = json.loads((out / "result.json").read_text())
     expected = {**notebook, "model": {**notebook["model"], "path": str(out / "checkpoint")}}
     assert result["config"] == expected
-    assert result["reward_source"] == live_reward and result["live_versions"] == {"reward": 1, "loss": 0}
+    assert result["reward_sources"] == {"reward": live_reward} and result["live_versions"] == {"reward": 1, "loss": 0}
     assert result["steps"] == 3 and result["policy_version"] == 3
     assert yaml.safe_load((out / "config.yaml").read_text()) == expected
     time.sleep(0.5)

@@ -37,6 +37,14 @@ def test_down_leaves_no_child_process_and_is_idempotent():
         ({"group_sise": 4}, "unknown config field 'group_sise'; did you mean algorithm.group_size"),
         ({"temperature": -1.0}, "engine.temperature must be >= 0.0"),
         ({"model.path": "/nonexistent/model"}, "model.path: directory '/nonexistent/model' does not exist"),
+        ({"model": "smolm2"}, "'smolm2' is neither a model name"),
+        ({"task": [{"question": "1+1=", "a": "2"}]}, "no prompt column 'prompt'"),
+        ({"task": [{"prompt": "1+1=", "answer": 2}]}, "answers must be strings"),
+        ({"task": []}, "the train data has no rows"),
+        (
+            {"task": [{"prompt": "1" * 80, "answer": "1"}] * 4, "eval_fraction": 0.0},
+            "exceeds the model's context of 64",
+        ),
     ],
 )
 def test_bad_config_is_one_clear_error_and_starts_nothing(overrides, message):

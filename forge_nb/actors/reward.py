@@ -1,4 +1,4 @@
-"""Reward actor: scores samples with the live reward version. A mesh of them shares a batch."""
+"""Reward actor: scores samples with the live reward set. A mesh of them shares a batch."""
 
 from __future__ import annotations
 
@@ -8,61 +8,71 @@ from dataclasses import dataclass
 from monarch.actor import endpoint
 
 from forge_nb.actors.base import ForgeActor
-from forge_nb.live.capture import LiveCode, compile_function
-from forge_nb.live.validate import score_each
+from forge_nb.live.capture import compile_function
+from forge_nb.live.registry import Member
+from forge_nb.live.validate import score_members
 from forge_nb.rewards.batch import RewardBatch, Scores
 
 
 @dataclass(frozen=True)
 class RewardSpec:
-    """The reward a worker starts with, its version, and the per-sample timeout (s)."""
+    """The reward set a worker starts with (named members with weights), its version, and the
+    per-sample, per-member timeout (s)."""
 
-    reward: LiveCode
+    members: dict[str, Member]
     version: int
     timeout_s: float
     threads: int = 1
 
 
 class RewardWorker(ForgeActor):
-    """Holds one compiled reward version; swaps to a new one between batches."""
+    """Holds one compiled reward set; swaps to a new one between batches."""
 
     role = "reward"
 
     def __init__(self, spec: RewardSpec) -> None:
         self._begin(spec.threads)
-        self.fn, self.version, self.timeout_s = compile_function(spec.reward), spec.version, spec.timeout_s
+        self.timeout_s = spec.timeout_s
+        self._use(spec.members, spec.version)
         self._ready()
 
+    def _use(self, members: dict[str, Member], version: int) -> None:
+        self.fns = {name: compile_function(m.code) for name, m in members.items()}
+        self.weights, self.version = {name: m.weight for name, m in members.items()}, version
+
     @endpoint
-    def set_reward(self, code: LiveCode, version: int) -> int:
-        """Compile and make `version` live for the next batch -> the version now live."""
-        self.fn, self.version = compile_function(code), version
+    def set_rewards(self, members: dict[str, Member], version: int) -> int:
+        """Compile and make reward set `version` live for the next batch -> the version now live."""
+        self._use(members, version)
         return self.version
 
     @endpoint
     def score(self, batch: RewardBatch) -> Scores:
-        """Score every sample; a sample the reward fails on is marked, never silently scored 0.
+        """Score every sample with every member; a sample a member fails on is marked (which member,
+        why), never silently scored 0.
 
-        The batch runs in a worker thread: past `timeout_s` x batch size the unscored samples are
-        marked timed out and the actor answers (a hung thread cannot be killed; it stays detached).
+        The batch runs in a worker thread: past `timeout_s` x samples x members the unscored samples
+        are marked timed out and the actor answers (a hung thread cannot be killed; it stays detached).
         """
         samples = list(batch.samples())
-        scores = Scores([None] * len(samples), reward_version=self.version)
-        fn, done = self.fn, threading.Event()
+        fns, weights, version = self.fns, self.weights, self.version
+        components = {name: [None] * len(samples) for name in fns}
+        errors: dict[int, str] = {}
+        done = threading.Event()
 
         def run() -> None:
-            score_each(fn, samples, scores.rewards, scores.errors)
+            score_members(fns, samples, components, errors)
             done.set()
 
         threading.Thread(target=run, name="forge_nb-reward", daemon=True).start()
-        if done.wait(self.timeout_s * max(1, len(samples))):
-            return scores
-        # The hung thread may still write into `scores`: answer with a snapshot.
-        late = Scores(list(scores.rewards), dict(scores.errors), self.version)
-        for i, r in enumerate(late.rewards):
-            if r is None and i not in late.errors:
-                late.errors[i] = f"did not return within the {self.timeout_s:g} s per-sample timeout"
-        return late
+        if not done.wait(self.timeout_s * max(1, len(samples)) * len(fns)):
+            # The hung thread may still write: answer with a snapshot.
+            components = {name: list(values) for name, values in components.items()}
+            errors = dict(errors)
+            for i in range(len(samples)):
+                if i not in errors and any(values[i] is None for values in components.values()):
+                    errors[i] = f"did not return within the {self.timeout_s:g} s per-sample timeout"
+        return Scores.combine(components, weights, errors, version)
 
     # -- diagnostics: for tests and debugging, never on the training path ----------------------
 

@@ -1,6 +1,8 @@
 """The engine interface every generator backend implements.
 
 ``generate(prompts, sampling) -> completions with logprobs`` and ``load_weights(named tensors)``.
+A prompt is token ids (what the session sends: it renders chat templates itself) or a string, which
+the engine tokenizes as its tokenizer does by default.
 Logprobs are those of the *sampling* distribution: ``log_softmax(logits / temperature)`` at the
 sampled token (temperature 1 when decoding greedily), before top-p truncation, so the trainer can
 recompute them exactly from ``logits / temperature``.
@@ -8,7 +10,7 @@ recompute them exactly from ``logits / temperature``.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -46,8 +48,16 @@ class Completion:
     finish_reason: str
 
 
+Prompt = str | list[int]
+
+
+def encode_prompts(tokenizer, prompts: Sequence[Prompt]) -> list[list[int]]:
+    """Token ids of each prompt: ids as they are, strings through `tokenizer` (special tokens added)."""
+    return [p if isinstance(p, list) else tokenizer(p)["input_ids"] for p in prompts]
+
+
 class Engine(Protocol):
-    def generate(self, prompts: list[str], sampling: SamplingParams) -> list[list[Completion]]:
+    def generate(self, prompts: Sequence[Prompt], sampling: SamplingParams) -> list[list[Completion]]:
         """`sampling.n` completions for every prompt: result[i][j] is sample j of prompt i."""
         ...
 

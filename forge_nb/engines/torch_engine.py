@@ -8,13 +8,13 @@ CPU it is also the faster engine for small models (`benchmarks/engines.py`).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
-from forge_nb.engines.base import Completion, SamplingParams, cut_at_stop
+from forge_nb.engines.base import Completion, Prompt, SamplingParams, cut_at_stop, encode_prompts
 
 
 class TorchEngine:
@@ -32,10 +32,10 @@ class TorchEngine:
         model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=dtype)
         return cls(model, AutoTokenizer.from_pretrained(str(model_dir)))
 
-    def generate(self, prompts: list[str], sampling: SamplingParams) -> list[list[Completion]]:
+    def generate(self, prompts: Sequence[Prompt], sampling: SamplingParams) -> list[list[Completion]]:
         if sampling.seed is not None:
             self._generator.manual_seed(sampling.seed)
-        encoded = [self.tokenizer(p)["input_ids"] for p in prompts]
+        encoded = encode_prompts(self.tokenizer, prompts)
         repeated = [ids for ids in encoded for _ in range(sampling.n)]
         tokens, logprobs, finished = self._decode(encoded, sampling)
         flat = [

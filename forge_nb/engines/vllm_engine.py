@@ -17,12 +17,12 @@ import contextlib
 import os
 import sys
 import tempfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
 import torch
 
-from forge_nb.engines.base import Completion, SamplingParams, cut_at_stop
+from forge_nb.engines.base import Completion, Prompt, SamplingParams, cut_at_stop, encode_prompts
 
 MiB = 1 << 20
 
@@ -124,13 +124,13 @@ class VllmEngine:
         )
         engine = cls(llm, AutoTokenizer.from_pretrained(str(model_dir)))
         if warm_up:
-            engine.generate(["1"], SamplingParams(n=2, max_tokens=2, seed=0))
+            engine.generate([engine.tokenizer("1")["input_ids"]], SamplingParams(n=2, max_tokens=2, seed=0))
         return engine
 
-    def generate(self, prompts: list[str], sampling: SamplingParams) -> list[list[Completion]]:
+    def generate(self, prompts: Sequence[Prompt], sampling: SamplingParams) -> list[list[Completion]]:
         from vllm import TokensPrompt
 
-        encoded = [self.tokenizer(p)["input_ids"] for p in prompts]
+        encoded = encode_prompts(self.tokenizer, prompts)
         requests = [TokensPrompt(prompt_token_ids=ids) for ids in encoded]
         params = [self._params(sampling, i) for i in range(len(prompts))]
         outputs = self.llm.generate(requests, params, use_tqdm=False)

@@ -6,23 +6,27 @@ from forge_nb.config import AlgorithmConfig, TaskConfig
 from forge_nb.live.capture import LiveCode
 
 
-def builtin_reward(task: TaskConfig, seed: int) -> LiveCode:
-    """The task's exact verifier as reward v0."""
-    source = (
-        "from forge_nb.tasks import make_task\n\n"
-        f"_task = make_task({task.name!r}, {seed}, max_digits={task.max_digits}, eval_size=1)\n\n\n"
-        "def reward(prompt, completion, target, **context):\n"
-        "    return _task.verify(completion, target)\n"
+def builtin_reward(task: TaskConfig) -> LiveCode:
+    """The task's verifier as reward v0: exact match for the bundled addition task; for a dataset,
+    the final answer (boxed, else the last number, else the text) against the answer column."""
+    check = {"addition": ("forge_nb.tasks.arithmetic", "exact_match")}.get(
+        task.name, ("forge_nb.rewards", "answer_match")
     )
-    return LiveCode("reward", "reward", source, f"built-in: {task.name} verifier")
+    source = (
+        f"from {check[0]} import {check[1]}\n\n\n"
+        "def reward(prompt, completion, target, **context):\n"
+        f"    return {check[1]}(completion, target)\n"
+    )
+    return LiveCode("reward", "reward", source, f"built-in: {task.name} verifier ({check[1]})")
 
 
-def builtin_loss(algorithm: AlgorithmConfig) -> LiveCode:
-    """The configured loss of the GRPO family (`algorithm.loss`) with its options, as loss v0."""
+def builtin_loss(algorithm: AlgorithmConfig, max_tokens: int) -> LiveCode:
+    """The configured loss of the GRPO family (`algorithm.loss`) with its options, as loss v0.
+    Dr.GRPO divides by B x `max_tokens` (engine.max_tokens, a constant), as the paper and TRL do."""
     a = algorithm
     options = {
         "grpo": f"clip_eps={a.clip_eps}, token_level={a.token_level}",
-        "dr_grpo": f"clip_eps={a.clip_eps}",
+        "dr_grpo": f"clip_eps={a.clip_eps}, max_tokens={max_tokens}",
         "dapo": f"clip_low={a.clip_eps}, clip_high={a.clip_high}",
         "aipo": f"rho_max={a.rho_max}",
     }[a.loss]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import Protocol
 
 import pandas as pd
@@ -19,9 +20,9 @@ from forge_nb.config import Config
 from forge_nb.live.builtin import builtin_loss, builtin_reward
 from forge_nb.live.capture import LiveCode, LiveCodeError, compile_function, from_function, from_source
 from forge_nb.live.probe import loss_probe
-from forge_nb.live.registry import Registry, VersionRecord
-from forge_nb.live.validate import CheckFailed, run_with_timeout, score_each, validate_loss, validate_reward
-from forge_nb.rewards.batch import reward_batch
+from forge_nb.live.registry import Member, Registry, VersionRecord
+from forge_nb.live.validate import CheckFailed, run_with_timeout, score_members, validate_loss, validate_reward
+from forge_nb.rewards.batch import Scores, reward_batch
 from forge_nb.rl.episode import Episode
 from forge_nb.rl.train_step import needs_ref
 
@@ -44,9 +45,14 @@ class LiveHost(Protocol):
         """`n` fresh samples of held-out prompts, scored by the task's verifier (never trained on)."""
         ...
 
-    def ship(self, kind: str, code: LiveCode, version: int) -> None:
-        """Make `code` live as `version` in every actor of `kind`; returns once each has compiled it."""
-        ...
+
+class LiveTargets(Protocol):
+    """The actors live code goes to (`mesh.roles.Roles`); each call returns once every actor of the
+    role has compiled the code."""
+
+    def set_rewards(self, members: dict[str, Member], version: int) -> None: ...
+
+    def set_loss(self, code: LiveCode, version: int) -> None: ...
 
 
 def capture(kind: str, fn: Callable | str | LiveCode) -> LiveCode:
@@ -62,22 +68,57 @@ def capture(kind: str, fn: Callable | str | LiveCode) -> LiveCode:
 
 class LiveCodeManager:
     """The registry of versions (v0 of each kind is the config's built-in), validation on a probe
-    batch of real samples, shipping to the actors, rollback, and what-if rescoring."""
+    batch of real samples, shipping to the actors, rollback, and what-if rescoring.
+
+    Rewards are named members with weights (`live.registry`); `set("reward", fn)` replaces the
+    member called "reward", `name=` adds or replaces another one. The loss is the one member "loss".
+    """
 
     def __init__(self, config: Config, host: LiveHost) -> None:
         self.host = host
+        self._targets: LiveTargets | None = None
+        self._locks: dict[str, AbstractContextManager] = {}
         self.timeout_s, self.probe_size = config.live.timeout_s, config.live.probe_size
         self.registry = Registry()
-        self.registry.add_builtin("reward", builtin_reward(config.task, config.seed))
-        self.registry.add_builtin("loss", builtin_loss(config.algorithm))
+        self.registry.add_builtin("reward", "reward", builtin_reward(config.task))
+        self.registry.add_builtin("loss", "loss", builtin_loss(config.algorithm, config.engine.max_tokens))
 
     def live(self, kind: str) -> VersionRecord:
         return self.registry.live(kind)
 
-    def set(self, kind: str, fn: Callable | str | LiveCode | None, version: int | None = None) -> int:
-        """Make new code (validated) or an earlier `version` live in the actors -> the live version."""
+    def connect(
+        self, targets: LiveTargets, reward_lock: AbstractContextManager, loss_lock: AbstractContextManager
+    ) -> None:
+        """Ship to `targets` from now on, each kind under the lock of the side it changes (so a
+        background run sees a swap between two batches)."""
+        self._targets, self._locks = targets, {"reward": reward_lock, "loss": loss_lock}
+
+    def ship(self, kind: str, members: dict[str, Member], version: int) -> None:
+        """Make the set `members` live as `version` in every actor of `kind`."""
+        if self._targets is None:
+            raise LiveCodeError("live code: no actors to ship to (the session is down)")
+        with self._locks[kind]:
+            if kind == "reward":
+                self._targets.set_rewards(members, version)
+            else:
+                self._targets.set_loss(members["loss"].code, version)
+
+    def set(
+        self,
+        kind: str,
+        fn: Callable | str | LiveCode | None,
+        version: int | None = None,
+        *,
+        name: str | None = None,
+        weight: float | None = None,
+    ) -> int:
+        """Make new code (validated), a new weight, or an earlier `version` live in the actors -> the
+        live version. `name` picks the reward member (default: "reward"); `weight` its weight."""
         if version is not None:
             return self._roll_to(kind, fn, version)
+        name = self._member_name(kind, name, weight)
+        if fn is None:
+            return self._reweigh(kind, name, weight)
         registry, previous = self.registry, self.registry.live(kind)
         candidate = registry.next_version(kind)
         code = None
@@ -87,19 +128,61 @@ class LiveCodeManager:
         except (LiveCodeError, CheckFailed) as e:
             if code is None:  # could not even be parsed: keep the text for the record
                 code = LiveCode(kind, "", fn if isinstance(fn, str) else repr(fn), "cell")
-            registry.reject(kind, code, {"error": str(e)})
-            raise LiveCodeError(f"{kind} v{candidate} ({code.origin}): {e} -- v{previous.version} stays live") from None
-        record = registry.accept(kind, code, validation)
-        try:
-            self.host.ship(kind, code, record.version)
-        except Exception as e:
-            # An actor could not compile what the kernel could: put the previous version back everywhere.
-            record.status, record.validation["error"] = "rejected", f"actor compile failed: {e}"
-            registry.make_live(kind, previous.version)
-            self.host.ship(kind, previous.code, previous.version)
-            message = f"{kind} v{record.version}: an actor failed to load it ({e}); v{previous.version} stays live"
-            raise LiveCodeError(message) from None
+            registry.reject(kind, name, code, {"error": str(e)})
+            label = kind if name == kind else f"{kind} {name!r}"
+            raise LiveCodeError(
+                f"{label} v{candidate} ({code.origin}): {e} -- v{previous.version} stays live"
+            ) from None
+        record = registry.accept(kind, name, registry.propose(kind, name, code, weight), validation)
+        self._ship_or_restore(record, previous)
         return record.version
+
+    def remove(self, kind: str, name: str) -> int:
+        """Take reward member `name` out of the live set (a new version) -> the live version."""
+        members = self.registry.members(kind)
+        if name not in members:
+            raise LiveCodeError(f"remove: no {kind} member {name!r}; live members: {sorted(members)}")
+        if len(members) == 1:
+            raise LiveCodeError(f"remove: {name!r} is the only {kind}; set another one first")
+        previous = self.registry.live(kind)
+        del members[name]
+        record = self.registry.accept(kind, name, members, {"seconds": 0.0}, change="removed")
+        self._ship_or_restore(record, previous)
+        return record.version
+
+    def _member_name(self, kind: str, name: str | None, weight: float | None) -> str:
+        if kind == "loss" and (name not in (None, "loss") or weight is not None):
+            raise LiveCodeError("set_loss: the loss is one function; name= and weight= are for rewards")
+        if weight is not None and not (isinstance(weight, int | float) and math.isfinite(weight)):
+            raise LiveCodeError(f"set_{kind}: weight must be a finite number, got {weight!r}")
+        if name is not None and not (isinstance(name, str) and name.isidentifier()):
+            raise LiveCodeError(f"set_{kind}: name must be a Python identifier (a column name), got {name!r}")
+        return name or kind
+
+    def _reweigh(self, kind: str, name: str, weight: float | None) -> int:
+        if weight is None:
+            raise LiveCodeError(f"set_{kind}: give a function, weight=W (with name=) or version=N")
+        previous = self.registry.live(kind)
+        try:
+            members = self.registry.propose(kind, name, None, weight)
+        except KeyError as e:
+            raise LiveCodeError(f"set_{kind}: {e.args[0]}") from None
+        record = self.registry.accept(kind, name, members, {"seconds": 0.0}, change="weight")
+        self._ship_or_restore(record, previous)
+        return record.version
+
+    def _ship_or_restore(self, record: VersionRecord, previous: VersionRecord) -> None:
+        """Ship `record`'s set; if an actor cannot load it, put `previous` back everywhere."""
+        try:
+            self.ship(record.kind, record.members, record.version)
+        except Exception as e:
+            record.status, record.validation["error"] = "rejected", f"actor compile failed: {e}"
+            self.registry.make_live(record.kind, previous.version)
+            self.ship(previous.kind, previous.members, previous.version)
+            message = (
+                f"{record.kind} v{record.version}: an actor failed to load it ({e}); v{previous.version} stays live"
+            )
+            raise LiveCodeError(message) from None
 
     def _roll_to(self, kind: str, fn: object, version: int) -> int:
         """Rollback (or roll forward) to a version the registry holds."""
@@ -110,7 +193,7 @@ class LiveCodeManager:
         except KeyError as e:
             live = self.registry.live(kind).version
             raise LiveCodeError(f"set_{kind}: {e.args[0]} -- v{live} stays live") from None
-        self.host.ship(kind, record.code, version)
+        self.ship(kind, record.members, version)
         self.registry.make_live(kind, version)
         return version
 
@@ -138,22 +221,32 @@ class LiveCodeManager:
         return recent or self.host.probe_samples(n)
 
     def rescore(self, reward: Callable | str | int, n: int) -> pd.DataFrame:
-        """Old and new rewards of the last `n` samples; the live reward is not touched."""
+        """Old and new rewards of the last `n` samples; the live reward is not touched. `reward` is a
+        function (run here, as it is), a cell's source, or a reward version (its whole weighted set)."""
         if isinstance(reward, int) and not isinstance(reward, bool):
-            code, label = self.registry.get("reward", reward).code, f"v{reward}"
-            fn = run_with_timeout(lambda: compile_function(code), self.timeout_s)
-        elif isinstance(reward, str):
-            code, label = from_source("reward", reward), "candidate"
-            fn = run_with_timeout(lambda: compile_function(code), self.timeout_s)
-        else:  # a function runs here in the kernel as it is: a what-if never leaves the kernel
-            fn, label = reward, getattr(reward, "__name__", "candidate")
+            members, label = self.registry.get("reward", reward).members, f"v{reward}"
+            fns = {
+                name: run_with_timeout(lambda m=m: compile_function(m.code), self.timeout_s)
+                for name, m in members.items()
+            }
+            weights = {name: m.weight for name, m in members.items()}
+        else:
+            if isinstance(reward, str):
+                code, label = from_source("reward", reward), "candidate"
+                fn = run_with_timeout(lambda: compile_function(code), self.timeout_s)
+            else:  # a what-if never leaves the kernel
+                fn, label = reward, getattr(reward, "__name__", "candidate")
+            fns, weights = {label: fn}, {label: 1.0}
         episodes = self.host.recent_samples(n)
         samples = list(reward_batch(episodes, self.host.step_count).samples())
-        new, errors = [math.nan] * len(samples), {}
-        run_with_timeout(lambda: score_each(fn, samples, new, errors), self.timeout_s * max(1, len(samples)))
+        components, errors = {name: [None] * len(samples) for name in fns}, {}
+        budget = self.timeout_s * max(1, len(samples)) * len(fns)
+        run_with_timeout(lambda: score_members(fns, samples, components, errors), budget)
+        scores = Scores.combine(components, weights, errors, -1)
         columns = ["sample_id", "prompt", "completion", "target", "policy_version", "reward_version", "reward"]
-        df = pd.DataFrame([e.row() for e in episodes])[columns]
-        df["new_reward"], df["new_error"] = new, [errors.get(i) for i in range(len(samples))]
+        df = pd.DataFrame([e.row() for e in episodes], columns=columns)
+        df["new_reward"] = [math.nan if r is None else r for r in scores.rewards]
+        df["new_error"] = [errors.get(i) for i in range(len(samples))]
         df["delta"] = df["new_reward"] - df["reward"]
         df.attrs["new_reward"] = label
         return df

@@ -7,6 +7,7 @@ guard the actors at run time (`check_reward_value`, `check_loss_value`).
 
 from __future__ import annotations
 
+import inspect
 import math
 import numbers
 import threading
@@ -80,31 +81,64 @@ def check_reward_value(value: Any) -> float:
     return value
 
 
-def score_each(fn: Callable, probes: list[RewardSample], values: list, errors: dict[int, str]) -> None:
-    """Score every probe with `fn`, writing `values[i]` (a float) or `errors[i]` (why not) as it
+def context_for(fn: Callable) -> Callable[[dict], dict]:
+    """Which of a sample's context keywords `fn` takes: all of them when it has ``**kwargs``, else
+    only the ones it names (so ``def reward(prompt, completion, target)`` works too)."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return lambda context: context
+    if any(p.kind is p.VAR_KEYWORD for p in params):
+        return lambda context: context
+    named = {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    return lambda context: {k: v for k, v in context.items() if k in named}
+
+
+def call_reward(fn: Callable, sample: RewardSample, context: Callable[[dict], dict]) -> float:
+    """`fn` on one sample, its value checked (`CheckFailed` if it is not a finite real number)."""
+    return check_reward_value(fn(sample.prompt, sample.completion, sample.target, **context(sample.context)))
+
+
+def score_each(fn: Callable, samples: list[RewardSample], values: list, errors: dict[int, str]) -> None:
+    """Score every sample with `fn`, writing `values[i]` (a float) or `errors[i]` (why not) as it
     goes, so a caller that gives up on a hung reward still sees what was done."""
-    for i, p in enumerate(probes):
+    context = context_for(fn)
+    for i, sample in enumerate(samples):
         try:
-            values[i] = check_reward_value(fn(p.prompt, p.completion, p.target, **p.context))
+            values[i] = call_reward(fn, sample, context)
         except CheckFailed as e:
             errors[i] = str(e)
         except Exception as e:
             errors[i] = describe_exception(e)
 
 
-def validate_reward(fn: Callable, probes: list[RewardSample], timeout: float) -> list[float]:
-    """Rewards of every probe under `fn` -> list of floats; `CheckFailed` names the first bad sample."""
+def score_members(
+    fns: dict[str, Callable], samples: list[RewardSample], components: dict[str, list], errors: dict[int, str]
+) -> None:
+    """Score every sample with every named member into `components[name][i]`; `errors[i]` names the
+    first member that failed on sample i (just the cause when there is one member). Writes as it
+    goes, like `score_each`."""
+    for name, fn in fns.items():
+        failed: dict[int, str] = {}
+        score_each(fn, samples, components[name], failed)
+        for i, why in failed.items():
+            errors.setdefault(i, f"{name}: {why}" if len(fns) > 1 else why)
+
+
+def validate_reward(fn: Callable, samples: list[RewardSample], timeout: float) -> list[float]:
+    """Rewards of every probe sample under `fn` -> list of floats; `CheckFailed` names the first bad one."""
+    context = context_for(fn)
 
     def score_all() -> list[float]:
         values = []
-        for i, p in enumerate(probes):
+        for i, p in enumerate(samples):
             try:
-                values.append(check_reward_value(fn(p.prompt, p.completion, p.target, **p.context)))
+                values.append(call_reward(fn, p, context))
             except CheckFailed as e:
-                where = f"for probe sample {i} (prompt {p.prompt!r}, completion {p.completion!r})"
+                where = f"for probe sample {i} (prompt {_tail(p.prompt)!r}, completion {_short(p.completion)!r})"
                 raise CheckFailed(f"{e} {where}") from None
             except Exception as e:
-                raise CheckFailed(f"{describe_exception(e)} on probe sample {i} (prompt {p.prompt!r})") from e
+                raise CheckFailed(f"{describe_exception(e)} on probe sample {i} (prompt {_tail(p.prompt)!r})") from e
         return values
 
     return run_with_timeout(score_all, timeout)
@@ -150,3 +184,8 @@ def validate_loss(fn: Callable, probe: LossProbe, timeout: float) -> float:
 def _short(value: Any) -> str:
     text = repr(value)
     return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _tail(text: str, most: int = 60) -> str:
+    """The end of a prompt (where a chat-templated prompt has the question)."""
+    return text if len(text) <= most else "..." + text[-(most - 3) :]

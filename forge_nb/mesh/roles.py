@@ -21,6 +21,7 @@ from forge_nb.actors.trainer import Trainer, TrainerSpec, TrainResult
 from forge_nb.config import Config
 from forge_nb.engines.base import SamplingParams
 from forge_nb.live.capture import LiveCode
+from forge_nb.live.registry import Member
 from forge_nb.mesh.calls import shards, wait
 from forge_nb.mesh.local import LocalMesh
 from forge_nb.mesh.slurm import SlurmMesh
@@ -39,7 +40,7 @@ class Roles:
     frozen reference model, each role in procs of its own on `mesh`, which they own."""
 
     def __init__(
-        self, mesh: LocalMesh, config: Config, engine: str, pad_id: int, reward: LiveCode, loss: LiveCode
+        self, mesh: LocalMesh, config: Config, engine: str, pad_id: int, rewards: dict[str, Member], loss: LiveCode
     ) -> None:
         m, self.mesh, self.kind = config.mesh, mesh, config.mesh.kind
         self.info: dict[str, list[ActorInfo]] = {}  # filled by wait_ready
@@ -49,19 +50,19 @@ class Roles:
             "generator", Generator, GeneratorSpec.from_config(config, engine), procs=m.generator_procs
         )
         self.trainer = mesh.spawn("trainer", Trainer, TrainerSpec.from_config(config, pad_id, loss))
-        reward_spec = RewardSpec(reward, 0, config.live.timeout_s, m.threads_per_proc)
+        reward_spec = RewardSpec(rewards, 0, config.live.timeout_s, m.threads_per_proc)
         self.rewards = mesh.spawn("reward", RewardWorker, reward_spec, procs=m.reward_procs)
         self.reference = None
         if config.algorithm.kl_coef > 0:
             self.reference = mesh.spawn("reference", Reference, ReferenceSpec.from_config(config, pad_id))
 
     @classmethod
-    def start(cls, config: Config, engine: str, pad_id: int, reward: LiveCode, loss: LiveCode) -> Roles:
+    def start(cls, config: Config, engine: str, pad_id: int, rewards: dict[str, Member], loss: LiveCode) -> Roles:
         """Start the mesh (this host's procs, or a Slurm job's nodes: `SlurmError` if that fails) and
         spawn every role on it; returns before the actors' constructors finish (`wait_ready`)."""
         mesh = LocalMesh() if config.mesh.kind == "local" else SlurmMesh(config.slurm)
         try:
-            return cls(mesh, config, engine, pad_id, reward, loss)
+            return cls(mesh, config, engine, pad_id, rewards, loss)
         except BaseException:
             mesh.stop()
             raise
@@ -149,15 +150,20 @@ class Roles:
             e.ref_logprobs = logprobs
         return time.perf_counter() - start
 
-    def train_step(self, batch: TrainBatch) -> TrainResult:
-        return wait(self.trainer.train_step.call_one(batch))
+    def train_step(self, episodes: list[Episode]) -> TrainResult:
+        """One optimizer step on `episodes` (with their reference logprobs when a reference runs:
+        rollouts carry them; those made before it existed get them here)."""
+        if self.reference is not None:
+            missing = [e for e in episodes if e.ref_logprobs is None]
+            self.attach_reference(missing, self.reference_logprobs(missing))
+        return wait(self.trainer.train_step.call_one(TrainBatch.of(episodes, self.reference is not None)))
 
     def refresh(self, version: int) -> RefreshReport:
         """Every generator replica loads published `version` (in parallel)."""
         return RefreshReport.combine(list(wait(self.generator.refresh.call(version)).values()))
 
-    def set_reward(self, code: LiveCode, version: int) -> None:
-        wait(self.rewards.set_reward.call(code, version))
+    def set_rewards(self, members: dict[str, Member], version: int) -> None:
+        wait(self.rewards.set_rewards.call(members, version))
 
     def set_loss(self, code: LiveCode, version: int) -> None:
         wait(self.trainer.set_loss.call_one(code, version))

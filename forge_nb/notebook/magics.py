@@ -41,7 +41,8 @@ class ForgeMagics(Magics):
     def forge(self, line: str, cell: str | None = None):
         """%forge up [--slurm]|status|step N|run [N]|pause|resume|stop|sync|samples N|dashboard|versions|eval|
         export PATH|down
-        %%forge reward | %%forge loss  (the cell defines the function; it is validated and made live)"""
+        %%forge reward [--name NAME] [--weight W] | %%forge loss  (the cell defines the function; it is
+        validated and made live; --name adds or replaces one of several weighted rewards)"""
         command, _, rest = line.strip().partition(" ")
         if cell is not None:
             return self._cell(command, rest, cell)
@@ -49,13 +50,23 @@ class ForgeMagics(Magics):
             raise ForgeMagicError(f"%forge {command}: unknown subcommand; use one of {', '.join(SUBCOMMANDS)}")
         return getattr(self, f"_{command}")(rest)
 
+    @magic_arguments()
+    @argument("--name", default=None, help="which reward (default: reward); several can be live at once")
+    @argument("--weight", type=float, default=None, help="its weight in the trained reward (0: logged only)")
     def _cell(self, kind: str, rest: str, cell: str):
         if kind not in ("reward", "loss"):
             raise ForgeMagicError(f"%%forge {kind}: a cell magic is %%forge reward or %%forge loss")
+        args = parse_argstring(self._cell, rest)
+        if kind == "loss" and (args.name or args.weight is not None):
+            raise ForgeMagicError("%%forge loss takes no --name or --weight (the loss is one function)")
         self.shell.run_cell(cell, store_history=False)  # the function is usable in the kernel too
         session = _session()
-        version = (session.set_reward if kind == "reward" else session.set_loss)(cell)
-        print(f"{kind} v{version} is live (from the next batch)")
+        if kind == "loss":
+            print(f"loss v{session.set_loss(cell)} is live (from the next batch)")
+            return None
+        version = session.set_reward(cell, name=args.name, weight=args.weight)
+        member = session.registry.live("reward").members[args.name or "reward"]
+        print(f"reward v{version} is live (from the next batch): {args.name or 'reward'} with weight {member.weight:g}")
         return None
 
     @magic_arguments()

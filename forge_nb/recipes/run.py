@@ -1,9 +1,9 @@
 """Reproduce an exported forge_nb session without a notebook: ``python run.py [--steps N]``.
 
 `forge_nb.export` copies this file, unchanged, next to what it reads: ``config.yaml`` (the session's
-configuration), ``manifest.json`` (versions, steps), ``reward.py`` and ``loss.py`` (the live code)
-and, once the policy has trained, ``checkpoint/`` (its weights; ``config.yaml`` points there). It
-writes ``metrics.csv`` (one row per step) and ``result.json`` beside them.
+configuration), ``manifest.json`` (versions, weights, steps), ``reward*.py`` and ``loss.py`` (the live
+code) and, once the policy has trained, ``checkpoint/`` (its weights; ``config.yaml`` points there).
+It writes ``metrics.csv`` (one row per step) and ``result.json`` beside them.
 
 It is also the GRPO loop of forge_nb, top to bottom: each step generates G samples for each of P
 prompts, scores them with the live reward, takes one optimizer step with the live loss on the
@@ -26,13 +26,23 @@ from forge_nb.live.capture import LiveCode
 HERE = Path(__file__).resolve().parent
 
 
-def live_code(kind: str, manifest: dict) -> LiveCode | None:
-    """The exported reward or loss (None: the config's built-in v0 was live)."""
-    meta = manifest[kind]
-    if meta["builtin"]:
-        return None
-    source = (HERE / f"{kind}.py").read_text()
-    return LiveCode(kind, meta["name"], source, f"{kind}.py (notebook v{meta['version']})")
+def make_live(s, kind: str, manifest: dict) -> dict[str, str]:
+    """Make the exported reward set (or loss) live in session `s` -> {member: its source}. A member
+    still at the config's built-in code with weight 1 is live already."""
+    sources, meta = {}, manifest[kind]
+    for name, member in meta["members"].items():
+        source = (HERE / member["file"]).read_text()
+        sources[name] = source
+        if member["builtin"] and member["weight"] == 1.0:
+            continue
+        code = LiveCode(kind, member["function"], source, f"{member['file']} (notebook v{meta['version']})")
+        if kind == "loss":
+            s.set_loss(code)
+        else:
+            s.set_reward(code, name=name, weight=member["weight"])
+    if kind == "reward" and "reward" not in meta["members"]:
+        s.remove_reward("reward")  # the notebook had replaced the built-in member by others
+    return sources
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -44,11 +54,8 @@ def main(argv: list[str] | None = None) -> dict:
 
     rows = []
     with forge_nb.up(config) as s:  # generator, trainer and reward actors, each in its own proc
-        live = {"reward": live_code("reward", manifest), "loss": live_code("loss", manifest)}
-        versions = {
-            "reward": s.set_reward(live["reward"]) if live["reward"] else 0,  # validated, then shipped
-            "loss": s.set_loss(live["loss"]) if live["loss"] else 0,
-        }
+        sources = {kind: make_live(s, kind, manifest) for kind in ("reward", "loss")}  # validated, then shipped
+        versions = {kind: s.registry.live(kind).version for kind in ("reward", "loss")}
         heldout_before = s.evaluate()["heldout_accuracy"]
         for _ in range(args.steps):
             start = time.perf_counter()
@@ -90,8 +97,8 @@ def main(argv: list[str] | None = None) -> dict:
         "steps": len(metrics),
         "policy_version": int(metrics.policy_version.iloc[-1]) if len(metrics) else 0,
         "config": config_run,
-        "reward_source": live["reward"].source if live["reward"] else None,
-        "loss_source": live["loss"].source if live["loss"] else None,
+        "reward_sources": sources["reward"],
+        "loss_source": sources["loss"]["loss"],
         "live_versions": versions,
         "mean_reward_last_10": float(metrics.mean_reward.tail(10).mean()) if len(metrics) else None,
         "heldout_accuracy": {"before": heldout_before, "after": heldout_after},

@@ -1,7 +1,8 @@
 """What a reward is called on, and what scoring a batch returns.
 
 A reward is ``reward(prompt, completion, target, **context) -> float``; `context` carries the
-training state of the sample (step, policy version, sample id, prompt id). Batches travel to the
+training state of the sample (step, policy version, sample id, prompt id) and the dataset's other
+columns. `prompt` is the prompt as the model saw it (chat template applied). Batches travel to the
 reward actors as columns (`RewardBatch`), far cheaper to send than one object per sample.
 """
 
@@ -33,18 +34,28 @@ class RewardBatch:
     policy_versions: list[int]
     sample_ids: list[int]
     prompt_ids: list[str]
+    extras: list[dict]
     step: int
 
     def __len__(self) -> int:
         return len(self.prompts)
 
     def shard(self, part: slice) -> RewardBatch:
-        columns = (self.prompts, self.completions, self.targets, self.policy_versions, self.sample_ids, self.prompt_ids)
+        columns = (
+            self.prompts,
+            self.completions,
+            self.targets,
+            self.policy_versions,
+            self.sample_ids,
+            self.prompt_ids,
+            self.extras,
+        )
         return RewardBatch(*(c[part] for c in columns), step=self.step)
 
     def samples(self) -> Iterator[RewardSample]:
         for i in range(len(self)):
             context = {
+                **self.extras[i],
                 "step": self.step,
                 "policy_version": self.policy_versions[i],
                 "sample_id": self.sample_ids[i],
@@ -62,14 +73,32 @@ def reward_batch(episodes: Sequence[Episode], step: int) -> RewardBatch:
         [e.policy_version for e in episodes],
         [e.sample_id for e in episodes],
         [e.prompt_id for e in episodes],
+        [e.extras for e in episodes],
         step,
     )
 
 
 @dataclass
 class Scores:
-    """Rewards of one batch: `rewards[i]` is None where sample i failed, `errors[i]` says why."""
+    """Rewards of one batch under one reward version.
+
+    `rewards[i]` is sample i's weighted sum over the live members (None where it failed: `errors[i]`
+    says which member and why); `components[name][i]` is each member's own score.
+    """
 
     rewards: list[float | None]
     errors: dict[int, str] = field(default_factory=dict)
     reward_version: int = 0
+    components: dict[str, list[float | None]] = field(default_factory=dict)
+
+    @classmethod
+    def combine(
+        cls, components: dict[str, list[float | None]], weights: dict[str, float], errors: dict[int, str], version: int
+    ) -> Scores:
+        """Weighted sums of the members' scores; a sample that any member failed on has none."""
+        size = len(next(iter(components.values()))) if components else 0
+        rewards = [
+            None if i in errors else sum(weights[n] * components[n][i] for n in components if weights[n] != 0)
+            for i in range(size)
+        ]
+        return cls(rewards, errors, version, components)

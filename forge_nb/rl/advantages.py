@@ -6,12 +6,18 @@ import torch
 
 
 def group_relative(
-    rewards: torch.Tensor, normalize_std: bool = True, eps: float = 1e-6, valid: torch.Tensor | None = None
+    rewards: torch.Tensor,
+    normalize_std: bool = True,
+    eps: float = 1e-6,
+    valid: torch.Tensor | None = None,
+    unbiased: bool = False,
 ) -> torch.Tensor:
     """rewards [P, G] (P prompts x G samples each) -> advantages [P, G].
 
     ``A = (r - mean_group(r)) / (std_group(r) + eps)``; with `normalize_std=False` only the mean is
     removed (Dr.GRPO). A group whose rewards are all equal gets advantage 0 everywhere.
+    `unbiased`: the sample std (Bessel, n - 1: TRL and verl) instead of the population std (n); the
+    two differ by sqrt(n / (n - 1)), 1.07x for G = 8. A group of one has std 0 either way.
     `valid` [P, G] bool leaves samples out (a reward that failed on them): their advantage is 0 and
     they do not count in their group's mean and std.
     """
@@ -23,8 +29,8 @@ def group_relative(
     centered = (rewards - mean) * weights
     if not normalize_std:
         return centered
-    # Population std over the group (not unbiased), so a group of one gives 0 rather than NaN.
-    std = ((centered**2).sum(dim=1, keepdim=True) / count).sqrt()
+    dof = (count - 1).clamp(min=1.0) if unbiased else count  # a group of one: 0 / 1, not NaN
+    std = ((centered**2).sum(dim=1, keepdim=True) / dof).sqrt()
     return centered / (std + eps)
 
 

@@ -11,7 +11,9 @@ class Episode:
 
     `group_id` ties the G samples of one prompt together (advantages are relative within it).
     `policy_version` is the weight version that generated it; `reward_version` and `loss_version`
-    name the reward and loss code versions that scored / will train on it.
+    name the reward set and loss versions that scored / trained on it. `prompt` is the text the
+    model saw (chat template applied); `reward` is the weighted sum of `rewards` (each member's own
+    score, plus "overlong" when the DAPO penalty applies); `extras` are the dataset's other columns.
     """
 
     sample_id: int
@@ -32,6 +34,7 @@ class Episode:
     rewards: dict[str, float] = field(default_factory=dict)
     reward_error: str | None = None  # why the live reward failed on this sample (then it is not trained on)
     ref_logprobs: list[float] | None = None  # the frozen reference model's logprobs of completion_ids, if one runs
+    extras: dict = field(default_factory=dict)
 
     @property
     def num_tokens(self) -> int:
@@ -40,7 +43,7 @@ class Episode:
     def row(self) -> dict:
         """A flat dict for tables (token lists left out; their lengths kept)."""
         out = asdict(self)
-        for key in ("prompt_ids", "completion_ids", "logprobs", "ref_logprobs", "rewards"):
+        for key in ("prompt_ids", "completion_ids", "logprobs", "ref_logprobs", "rewards", "extras"):
             out.pop(key)
         out["num_tokens"] = self.num_tokens
         out.update({f"reward/{k}": v for k, v in self.rewards.items()})

@@ -57,6 +57,11 @@ class Rollout:
     def tokens_per_s(self) -> float:
         return self.num_tokens / self.generate_s if self.generate_s > 0 else 0.0
 
+    @property
+    def truncated(self) -> float:
+        """Share of completions cut off at max_tokens (no EOS, no stop string)."""
+        return sum(e.finish_reason == "length" for e in self.episodes) / max(1, len(self.episodes))
+
     def summary(self) -> dict[str, float]:
         return {
             "policy_version": self.policy_version,
@@ -65,6 +70,8 @@ class Rollout:
             "samples": len(self.episodes),
             "tokens": self.num_tokens,
             "tokens_per_s": self.tokens_per_s,
+            "mean_tokens": self.num_tokens / len(self.episodes),
+            "truncated": self.truncated,
             "generate_s": self.generate_s,
             "score_s": self.score_s,
             "reference_s": self.reference_s,
@@ -83,14 +90,16 @@ class Rollout:
 
 def make_episodes(
     problems: Sequence[Problem],
+    prompts: Sequence[str],
     completions: Sequence[Sequence[Completion]],
     policy_version: int,
     first_sample_id: int | None,
 ) -> list[Episode]:
     """Episodes in prompt-major order, numbered from `first_sample_id`; the group id of a prompt's
-    samples is the id of its first one. `first_sample_id=None` makes probe episodes (ids -1)."""
+    samples is the id of its first one. `prompts` are the texts the model saw, one per problem.
+    `first_sample_id=None` makes probe episodes (ids -1)."""
     episodes, next_id = [], first_sample_id
-    for problem, group in zip(problems, completions):
+    for problem, prompt, group in zip(problems, prompts, completions):
         group_id = -1 if next_id is None else next_id
         for c in group:
             episodes.append(
@@ -98,7 +107,7 @@ def make_episodes(
                     sample_id=-1 if next_id is None else next_id,
                     group_id=group_id,
                     prompt_id=problem.prompt_id,
-                    prompt=problem.prompt,
+                    prompt=prompt,
                     completion=c.text,
                     target=problem.target,
                     prompt_ids=c.prompt_ids,
@@ -106,6 +115,7 @@ def make_episodes(
                     logprobs=c.logprobs,
                     finish_reason=c.finish_reason,
                     policy_version=policy_version,
+                    extras=problem.extras,
                 )
             )
             next_id = None if next_id is None else next_id + 1
@@ -113,11 +123,12 @@ def make_episodes(
 
 
 def apply_scores(episodes: Sequence[Episode], scores: Scores) -> list[dict]:
-    """Fill in each episode's reward (or its error, with reward NaN) from `scores`, which lines up
-    with `episodes` -> one record per failed sample (for `Session.reward_errors`)."""
+    """Fill in each episode's reward and its members' scores (or its error, with reward NaN) from
+    `scores`, which lines up with `episodes` -> one record per failed sample (`Session.reward_errors`)."""
     errors = []
     for i, e in enumerate(episodes):
         e.reward_version = scores.reward_version
+        e.rewards = {name: values[i] for name, values in scores.components.items() if values[i] is not None}
         if i in scores.errors:
             e.reward, e.reward_error = float("nan"), scores.errors[i]
             errors.append(
@@ -135,24 +146,26 @@ def apply_scores(episodes: Sequence[Episode], scores: Scores) -> list[dict]:
 
 
 def add_overlong_penalty(episodes: Sequence[Episode], max_tokens: int, cache: int) -> None:
-    """DAPO soft overlong punishment added to the reward of every scored episode; the raw parts are
-    kept in `Episode.rewards` ("reward", "overlong")."""
+    """DAPO soft overlong punishment added to the reward of every scored episode; it is kept in
+    `Episode.rewards["overlong"]` beside the members' scores."""
     scored = [e for e in episodes if e.reward_error is None]
     if not scored:
         return
     penalty = overlong_penalty(torch.tensor([e.num_tokens for e in scored]), max_tokens, cache)
     for e, p in zip(scored, penalty.tolist()):
-        e.rewards = {"reward": e.reward, "overlong": p}
+        e.rewards = {**e.rewards, "overlong": p}
         e.reward += p
 
 
-def assign_advantages(episodes: Sequence[Episode], group_size: int, normalize_std: bool = True) -> None:
+def assign_advantages(
+    episodes: Sequence[Episode], group_size: int, normalize_std: bool = True, unbiased_std: bool = True
+) -> None:
     """Group-relative advantages over consecutive groups of `group_size` episodes (prompt-major
     order). Episodes whose reward failed get advantage 0 and do not count in their group."""
     groups = len(episodes) // group_size
     valid = torch.tensor([e.reward_error is None for e in episodes]).view(groups, group_size)
     rewards = torch.tensor([e.reward for e in episodes]).view(groups, group_size)
-    advantages = group_relative(rewards, normalize_std, valid=valid).flatten().tolist()
+    advantages = group_relative(rewards, normalize_std, valid=valid, unbiased=unbiased_std).flatten().tolist()
     for e, a in zip(episodes, advantages):
         e.advantage = a
 

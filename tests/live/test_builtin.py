@@ -9,12 +9,12 @@ from forge_nb.live.validate import LossProbe, validate_loss
 
 @pytest.mark.parametrize("name", ["grpo", "dr_grpo", "dapo", "aipo"])
 def test_every_builtin_loss_compiles_and_passes_validation(name):
-    code = builtin_loss(AlgorithmConfig(loss=name))
+    code = builtin_loss(AlgorithmConfig(loss=name), max_tokens=8)
     assert code.origin == f"built-in: {name}"
     lp = -torch.rand(3, 4)
     validate_loss(compile_function(code), LossProbe(lp, lp - 0.05, torch.tensor([1.0, -1.0, 0.5]), torch.ones(3, 4)), 5)
 
 
 def test_builtin_reward_is_the_task_verifier():
-    fn = compile_function(builtin_reward(TaskConfig(), seed=0))
+    fn = compile_function(builtin_reward(TaskConfig()))
     assert fn("1+1=", "2", "2") == 1.0 and fn("1+1=", "3", "2") == 0.0

@@ -42,3 +42,11 @@ def test_masked_group_relative_ignores_failed_samples():
     valid = torch.tensor([[True, True, False]])
     adv = group_relative(rewards, eps=0.0, valid=valid)
     assert torch.allclose(adv, torch.tensor([[1.0, -1.0, 0.0]]))
+
+
+def test_sample_std_is_bessel_corrected_and_a_group_of_one_still_gives_zero():
+    rewards = torch.tensor([[1.0, 0.0, 0.0, 1.0]])
+    adv = group_relative(rewards, eps=0.0, unbiased=True)  # std with n - 1: sqrt(1 / 3)
+    assert torch.allclose(adv, torch.tensor([[1.0, -1.0, -1.0, 1.0]]) * 0.5 / (1 / 3) ** 0.5)
+    single = group_relative(torch.tensor([[3.0, 1.0]]), valid=torch.tensor([[True, False]]), unbiased=True)
+    assert torch.equal(single, torch.zeros(1, 2))

@@ -1,8 +1,9 @@
 import math
 
+import pytest
 import torch
 
-from forge_nb.rl.losses import grpo_loss, masked_mean
+from forge_nb.rl.losses import dr_grpo_loss, grpo_loss, masked_mean
 
 
 def test_on_policy_loss_is_minus_mean_advantage_and_gradient_is_advantage():
@@ -124,3 +125,31 @@ def test_takes_ref_and_needs_ref_read_the_loss_signature():
 
     assert [takes_ref(f) for f in (plain, with_ref, optional, kwargs)] == [False, True, True, True]
     assert [needs_ref(f) for f in (plain, with_ref, optional, kwargs)] == [False, True, False, False]
+
+
+def test_builtin_dr_grpo_loss_does_not_depend_on_the_prompt_length():
+    """Same completions, logprobs and advantages behind a 3-token and a 40-token prompt: the same loss.
+    (Dividing by the collated width instead of a constant would not give it.)"""
+    from forge_nb.config import AlgorithmConfig
+    from forge_nb.live.builtin import builtin_loss
+    from forge_nb.live.capture import compile_function
+    from forge_nb.rl.batch import collate
+
+    completions = [[5, 6, 7], [8, 9], [5, 5, 5, 5, 5]]
+    behaviour = [[-0.5, -1.0, -0.2], [-0.3, -0.9], [-0.1, -0.2, -0.3, -0.4, -0.5]]
+    advantages = [1.0, -0.5, 0.25]
+    loss = compile_function(builtin_loss(AlgorithmConfig(loss="dr_grpo", normalize_std=False), max_tokens=8))
+
+    def value(prompt_length: int) -> float:
+        batch = collate([[1] * prompt_length] * 3, completions, 0, behaviour, advantages)
+        logprobs = (batch.old_logprobs + 0.05 * batch.completion_mask).requires_grad_(True)  # ratios != 1
+        return loss(logprobs, batch.old_logprobs, batch.advantages, batch.completion_mask).item()
+
+    short, long = value(3), value(40)
+    assert short == pytest.approx(long, rel=1e-6)
+    by_width = []
+    for n in (3, 40):
+        b = collate([[1] * n] * 3, completions, 0, behaviour, advantages)
+        lp = b.old_logprobs + 0.05 * b.completion_mask
+        by_width.append(dr_grpo_loss(lp, b.old_logprobs, b.advantages, b.completion_mask).item())
+    assert by_width[0] != pytest.approx(by_width[1], rel=1e-3)  # the width-normalised form differs

@@ -17,7 +17,8 @@ from forge_nb.rl.rollout import (
 )
 from forge_nb.tasks.base import Problem
 
-PROBLEMS = [Problem("1+1", "1+1=", "2"), Problem("2+3", "2+3=", "5")]
+PROBLEMS = [Problem("1+1", "1+1=", "2"), Problem("2+3", "2+3=", "5", {"difficulty": 2})]
+TEXTS = ["<q>1+1=", "<q>2+3="]  # the prompts as the model saw them
 
 
 def _completions(texts: list[list[str]], lengths: list[list[int]] | None = None) -> list[list[Completion]]:
@@ -30,44 +31,45 @@ def _completions(texts: list[list[str]], lengths: list[list[int]] | None = None)
 
 def _episodes(rewards: list[float], errors: dict[int, str] | None = None, group_size: int = 3):
     groups = [["x"] * group_size for _ in range(len(rewards) // group_size)]
-    episodes = make_episodes(PROBLEMS[: len(groups)], _completions(groups), 4, 10)
-    apply_scores(episodes, Scores([None if i in (errors or {}) else r for i, r in enumerate(rewards)], errors or {}))
+    episodes = make_episodes(PROBLEMS[: len(groups)], TEXTS, _completions(groups), 4, 10)
+    values = [None if i in (errors or {}) else r for i, r in enumerate(rewards)]
+    apply_scores(episodes, Scores(values, errors or {}, components={"reward": values}))
     return episodes
 
 
 def test_episodes_are_prompt_major_with_consecutive_ids_and_group_ids():
-    episodes = make_episodes(PROBLEMS, _completions([["2", "3"], ["5", "6"]]), policy_version=7, first_sample_id=100)
+    episodes = make_episodes(PROBLEMS, TEXTS, _completions([["2", "3"], ["5", "6"]]), 7, first_sample_id=100)
     assert [e.sample_id for e in episodes] == [100, 101, 102, 103]
     assert [e.group_id for e in episodes] == [100, 100, 102, 102]
-    assert [(e.prompt, e.completion, e.target) for e in episodes][2] == ("2+3=", "5", "5")
+    assert [(e.prompt, e.completion, e.target) for e in episodes][2] == ("<q>2+3=", "5", "5")
+    assert episodes[2].extras == {"difficulty": 2} and episodes[0].extras == {}
     assert {e.policy_version for e in episodes} == {7}
     assert episodes[0].logprobs == [-0.5, -0.5] and episodes[0].finish_reason == "stop"
 
 
 def test_probe_episodes_use_no_ids():
-    episodes = make_episodes(PROBLEMS, _completions([["2"], ["5"]]), 0, first_sample_id=None)
+    episodes = make_episodes(PROBLEMS, TEXTS, _completions([["2"], ["5"]]), 0, first_sample_id=None)
     assert {e.sample_id for e in episodes} == {e.group_id for e in episodes} == {-1}
 
 
 def test_scores_fill_rewards_and_a_failed_sample_gets_nan_and_an_error_record():
-    episodes = make_episodes(PROBLEMS[:1], _completions([["a", "b", "c"]]), 0, 0)
-    errors = apply_scores(episodes, Scores([1.0, None, 0.0], {1: "raised KeyError: 'x'"}, reward_version=3))
+    episodes = make_episodes(PROBLEMS[:1], TEXTS, _completions([["a", "b", "c"]]), 0, 0)
+    components = {"exact": [1.0, None, 0.0], "fmt": [0.5, 1.0, 1.0]}
+    scores = Scores.combine(components, {"exact": 1.0, "fmt": 0.2}, {1: "exact: raised KeyError: 'x'"}, 3)
+    errors = apply_scores(episodes, scores)
     assert [e.reward_version for e in episodes] == [3, 3, 3]
-    assert episodes[0].reward == 1.0 and episodes[2].reward == 0.0
-    assert math.isnan(episodes[1].reward) and episodes[1].reward_error == "raised KeyError: 'x'"
-    expected = {
-        "sample_id": 1,
-        "reward_version": 3,
-        "prompt": "1+1=",
-        "completion": "b",
-        "error": "raised KeyError: 'x'",
-    }
+    assert episodes[0].reward == pytest.approx(1.1) and episodes[2].reward == pytest.approx(0.2)
+    assert episodes[0].rewards == {"exact": 1.0, "fmt": 0.5} and episodes[1].rewards == {"fmt": 1.0}
+    assert math.isnan(episodes[1].reward) and episodes[1].reward_error == "exact: raised KeyError: 'x'"
+    expected = {"sample_id": 1, "reward_version": 3, "prompt": "<q>1+1=", "completion": "b"}
+    expected["error"] = "exact: raised KeyError: 'x'"
     assert errors == [expected]
 
 
 def test_overlong_penalty_ramps_over_the_cache_and_keeps_the_raw_parts():
-    episodes = make_episodes(PROBLEMS[:1], _completions([["a", "b", "c", "d"]], [[4, 5, 7, 9]]), 0, 0)
-    apply_scores(episodes, Scores([1.0, 1.0, 1.0, None], {3: "failed"}))
+    episodes = make_episodes(PROBLEMS[:1], TEXTS, _completions([["a", "b", "c", "d"]], [[4, 5, 7, 9]]), 0, 0)
+    values = [1.0, 1.0, 1.0, None]
+    apply_scores(episodes, Scores(values, {3: "failed"}, components={"reward": values}))
     add_overlong_penalty(episodes, max_tokens=8, cache=4)  # free up to 4 tokens, -1 at 8
     assert [e.rewards.get("overlong") for e in episodes] == [0.0, -0.25, -0.75, None]
     assert [e.reward for e in episodes[:3]] == [1.0, 0.75, 0.25]
@@ -78,8 +80,10 @@ def test_advantages_are_relative_within_each_group_and_failed_samples_do_not_cou
     episodes = _episodes([1.0, 0.0, 0.0, 5.0, 5.0, 1.0], errors={5: "failed"})
     assign_advantages(episodes, group_size=3, normalize_std=False)
     assert [e.advantage for e in episodes] == pytest.approx([2 / 3, -1 / 3, -1 / 3, 0.0, 0.0, 0.0])
-    assign_advantages(episodes, group_size=3, normalize_std=True)
+    assign_advantages(episodes, group_size=3, normalize_std=True)  # sample std (n - 1) by default
     assert sum(e.advantage for e in episodes[:3]) == pytest.approx(0.0, abs=1e-6)
+    assert episodes[0].advantage == pytest.approx((2 / 3) / math.sqrt(1 / 3), rel=1e-4)
+    assign_advantages(episodes, group_size=3, normalize_std=True, unbiased_std=False)
     assert episodes[0].advantage == pytest.approx((2 / 3) / math.sqrt(2 / 9), rel=1e-4)
 
 

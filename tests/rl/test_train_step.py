@@ -52,7 +52,7 @@ def _step(model, batch, loss_fn, skip: bool):
 
 @pytest.mark.parametrize("algorithm", LOSSES, ids=lambda a: a.loss + ("_token" if a.token_level else ""))
 def test_skipping_zero_advantage_sequences_leaves_loss_and_gradient_unchanged(model, algorithm):
-    code = builtin_loss(algorithm)
+    code = builtin_loss(algorithm, max_tokens=8)
     assert code.zero_advantage_inert
     loss_fn = compile_function(code)
     batch = _batch(model, [0.0, 1.3, 0.0, -0.7, 0.0, 0.0, 2.0, -1.1])
@@ -67,12 +67,12 @@ def test_skipping_zero_advantage_sequences_leaves_loss_and_gradient_unchanged(mo
 
 
 def test_a_batch_with_no_advantage_takes_its_usual_step(model):
-    loss_fn = compile_function(builtin_loss(AlgorithmConfig()))
+    loss_fn = compile_function(builtin_loss(AlgorithmConfig(), max_tokens=8))
     metrics, delta = _step(model, _batch(model, [0.0] * 4), loss_fn, skip=True)
     assert metrics["rows_skipped"] == 0 and metrics["loss"] == 0.0
     assert all(bool((d == 0).all()) for d in delta.values())
 
 
 def test_only_built_in_losses_without_kl_are_marked_inert():
-    assert not builtin_loss(dataclasses.replace(AlgorithmConfig(), kl_coef=0.1)).zero_advantage_inert
+    assert not builtin_loss(dataclasses.replace(AlgorithmConfig(), kl_coef=0.1), max_tokens=8).zero_advantage_inert
     assert not LiveCode("loss", "loss", "def loss(*a): ...", "cell").zero_advantage_inert

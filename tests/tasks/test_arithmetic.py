@@ -1,3 +1,4 @@
+from forge_nb.config import TaskConfig
 from forge_nb.tasks import make_task
 from forge_nb.tasks.arithmetic import ALPHABET, Addition, exact_match
 
@@ -30,5 +31,9 @@ def test_verifier_is_exact_up_to_surrounding_space():
 def test_unknown_task_is_a_clear_error():
     import pytest
 
+    from forge_nb.config import Config, ConfigError
+
+    with pytest.raises(ConfigError, match=r"task.name must be one of \['addition', 'dataset'\], got 'chess'"):
+        Config().updated({"task": "chess"})
     with pytest.raises(ValueError, match="task.name: unknown task 'chess'"):
-        make_task("chess", seed=0)
+        make_task(TaskConfig(name="chess"), seed=0)

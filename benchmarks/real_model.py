@@ -1,0 +1,199 @@
+"""A real model learns: SmolLM2-135M-Instruct on arithmetic word problems, held-out accuracy before -> after
+`--minutes` of GRPO on this machine, and GRPO steps/s vs TRL's GRPOTrainer on the same model, data and batch,
+in one run.
+
+Data: `forge_nb.tasks.word_problems` (seeded): `--train` problems to train on and `--heldout` others (a disjoint
+seed) to evaluate on, chat messages through the model's template; the only reward is the final number against
+the answer (`forge_nb.rewards.answer_match`). Accuracy is greedy, on every held-out problem.
+
+Both sides: P prompts x G samples per optimizer step, at most `--max-tokens` new tokens, temperature 1, the GRPO
+loss (sequence-level, ratio clip 0.2, advantages normalised by the group's sample std, no KL), AdamW at `--lr`,
+grad-norm clip 1.0, float32 on the CPU. TRL runs in this process with HF `generate` (its default without vLLM);
+forge_nb runs its mesh (generator, trainer and reward procs, `--threads` torch threads each). forge_nb's trainer
+leaves zero-advantage sequences out of its forward/backward (the loss and the update are the same; TRL does not
+do this), so the table also has forge_nb without that skip, measured over `--noskip-steps` more steps with the
+same loss given as a live loss (which is never skipped). Needs `make bench-deps` (TRL) and the model package.
+
+    python benchmarks/real_model.py [--minutes 5] [--prompts 8] [--group 4] [--max-tokens 48] [--trl-steps 6]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+import forge_nb
+from forge_nb.rewards import answer_match
+from forge_nb.tasks.word_problems import word_problems
+
+MODEL = "smollm2-135m-instruct"
+
+NOSKIP_LOSS = """
+from forge_nb.rl.losses import grpo_loss
+
+
+def loss(logprobs, old_logprobs, advantages, mask):
+    return grpo_loss(logprobs, old_logprobs, advantages, mask, clip_eps=0.2)
+"""
+
+
+def data(args: argparse.Namespace) -> tuple[list[dict], list[dict]]:
+    train = word_problems(args.train, seed=args.seed)
+    seen = {r["prompt"][0]["content"] for r in train}
+    heldout = [r for r in word_problems(args.heldout * 2, seed=args.seed + 1) if r["prompt"][0]["content"] not in seen]
+    return train, heldout[: args.heldout]
+
+
+def forge_nb_run(args: argparse.Namespace, train: list[dict], heldout: list[dict]) -> dict:
+    """Evaluate, train for `args.minutes`, evaluate; then time steps without the zero-advantage skip."""
+    s = forge_nb.up(
+        model=MODEL,
+        task={"train": train, "eval": heldout},
+        eval_size=len(heldout),
+        engine=args.engine,
+        prompts_per_step=args.prompts,
+        group_size=args.group,
+        max_tokens=args.max_tokens,
+        lr=args.lr,
+        loss="grpo",
+        threads_per_proc=args.threads,
+        seed=args.seed,
+    )
+    try:
+        before = s.evaluate()
+        print(f"forge_nb: held-out accuracy before {before['heldout_accuracy']:.3f}", flush=True)
+        rows, deadline = [], time.perf_counter() + args.minutes * 60
+        while time.perf_counter() < deadline:
+            row = s.step(1, progress=False).iloc[0]
+            rows.append(row)
+            print(
+                f"  step {len(rows):3d}: reward {row.mean_reward:.3f}, {row.step_s:.1f} s "
+                f"(generate {row.generate_s:.1f}, train {row.train_s:.1f}, refresh {row.refresh_s:.2f})",
+                flush=True,
+            )
+        after = s.evaluate()
+        timed = [r.step_s for r in rows[args.warmup :]]
+        skipped = s.metrics_stream.to_pandas("train").rows_skipped.iloc[args.warmup :].sum()
+        trained = s.metrics_stream.to_pandas("train").tokens.iloc[args.warmup :].size * args.prompts * args.group
+        s.set_loss(NOSKIP_LOSS)
+        noskip = s.step(args.noskip_steps, progress=False).step_s.tolist()
+    finally:
+        s.down()
+    return {
+        "before": before["heldout_accuracy"],
+        "after": after["heldout_accuracy"],
+        "steps": len(rows),
+        "reward_first": statistics.fmean(r.mean_reward for r in rows[:5]),
+        "reward_last": statistics.fmean(r.mean_reward for r in rows[-5:]),
+        "step_s": statistics.median(timed),
+        "noskip_step_s": statistics.median(noskip),
+        "skipped_share": skipped / max(1, trained),
+    }
+
+
+def trl_run(args: argparse.Namespace, train: list[dict]) -> float:
+    """TRL's median seconds per step over `args.trl_steps` steps after one warm-up step."""
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from forge_nb.models import resolve_model
+
+    def reward(completions, answer, **_) -> list[float]:
+        return [answer_match(c[0]["content"] if isinstance(c, list) else c, a) for c, a in zip(completions, answer)]
+
+    class StepTimes(TrainerCallback):
+        def __init__(self) -> None:
+            self.times: list[float] = []
+
+        def on_step_end(self, *_, **__) -> None:
+            self.times.append(time.perf_counter())
+
+    path = str(resolve_model(MODEL))
+    config = GRPOConfig(
+        output_dir="/tmp/forge_nb_real_model_trl",
+        use_cpu=True,
+        report_to="none",
+        save_strategy="no",
+        logging_steps=10_000,
+        per_device_train_batch_size=args.prompts * args.group,
+        num_generations=args.group,
+        max_completion_length=args.max_tokens,
+        temperature=1.0,
+        top_p=1.0,
+        learning_rate=args.lr,
+        loss_type="grpo",
+        scale_rewards="group",
+        beta=0.0,
+        epsilon=0.2,
+        max_grad_norm=1.0,
+        weight_decay=0.0,
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        max_steps=1 + args.trl_steps,
+        seed=args.seed,
+        dataloader_num_workers=0,
+        disable_tqdm=True,
+        bf16=False,
+    )
+    times = StepTimes()
+    trainer = GRPOTrainer(
+        model=AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32),
+        reward_funcs=reward,
+        args=config,
+        train_dataset=Dataset.from_list([{"prompt": r["prompt"], "answer": r["answer"]} for r in train]),
+        processing_class=AutoTokenizer.from_pretrained(path),
+        callbacks=[times],
+    )
+    start = time.perf_counter()
+    trainer.train()
+    ends = [start, *times.times]
+    return statistics.median(b - a for a, b in zip(ends[1:], ends[2:]))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--minutes", type=float, default=5.0, help="forge_nb training time")
+    parser.add_argument("--prompts", type=int, default=8)
+    parser.add_argument("--group", type=int, default=4)
+    parser.add_argument("--max-tokens", type=int, default=48)
+    parser.add_argument("--lr", type=float, default=2e-5)
+    parser.add_argument("--train", type=int, default=400)
+    parser.add_argument("--heldout", type=int, default=100)
+    parser.add_argument("--engine", default="torch")
+    parser.add_argument("--threads", type=int, default=2, help="torch threads per forge_nb proc (TRL: 2)")
+    parser.add_argument("--warmup", type=int, default=1, help="forge_nb steps left out of the timing")
+    parser.add_argument("--noskip-steps", type=int, default=4)
+    parser.add_argument("--trl-steps", type=int, default=6)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    train, heldout = data(args)
+    ours = forge_nb_run(args, train, heldout)
+    torch.set_num_threads(args.threads)
+    trl = trl_run(args, train)
+    print(
+        f"\n{MODEL}, word problems ({len(train)} train, {len(heldout)} held out), {args.prompts} prompts x "
+        f"{args.group} samples per step, <= {args.max_tokens} new tokens, GRPO, lr {args.lr:g}, float32, "
+        f"{args.threads} threads per proc\n"
+    )
+    print(
+        f"held-out accuracy (greedy): {ours['before']:.3f} -> {ours['after']:.3f} after {ours['steps']} steps "
+        f"({args.minutes:g} min); mean reward first 5 steps {ours['reward_first']:.3f} -> last 5 "
+        f"{ours['reward_last']:.3f}\n"
+    )
+    table = [
+        ("forge_nb (torch engine), zero-advantage rows skipped", ours["step_s"]),
+        ("forge_nb, no skip (same work as TRL)", ours["noskip_step_s"]),
+        ("TRL GRPOTrainer 1.16.0", trl),
+    ]
+    print(f"{'':<56}{'s/step':>8}{'steps/s':>9}{'vs TRL':>8}")
+    for name, seconds in table:
+        print(f"{name:<56}{seconds:>8.2f}{1 / seconds:>9.3f}{trl / seconds:>7.2f}x")
+    print(f"\nsequences skipped by forge_nb's trainer (zero advantage): {ours['skipped_share']:.0%}")
+
+
+if __name__ == "__main__":
+    main()

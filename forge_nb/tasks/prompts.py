@@ -1,0 +1,70 @@
+"""How a problem's prompt becomes the model's input.
+
+Chat messages go through the tokenizer's chat template, with the generation prompt added (and
+`system_prompt` first when the messages have no system message); a plain string stays as it is,
+for base models (`style="chat"` wraps strings as one user message instead; `style="raw"` refuses
+messages). The text is what the samples table and the reward show; the token ids are what the
+generator gets: a template's special tokens are in its text, so nothing is added when it is
+tokenized (as `apply_chat_template` does).
+"""
+
+from __future__ import annotations
+
+from forge_nb.config import ConfigError
+from forge_nb.tasks.base import Messages, Problem
+
+CACHE_SIZE = 200_000  # rendered prompts kept (by prompt id); beyond that the cache starts afresh
+
+
+class PromptError(ConfigError):
+    """A prompt the model cannot take; the message names the problem and the fix."""
+
+
+class PromptFormat:
+    """Renders and tokenizes prompts for one tokenizer; remembers each problem's result by id."""
+
+    def __init__(self, tokenizer, style: str = "auto", system_prompt: str = "") -> None:
+        self.tokenizer, self.style, self.system_prompt = tokenizer, style, system_prompt
+        self._cache: dict[str, tuple[str, list[int]]] = {}
+
+    def render(self, problem: Problem) -> tuple[str, list[int]]:
+        """(the text the model sees, its token ids)."""
+        hit = self._cache.get(problem.prompt_id)
+        if hit is None:
+            if len(self._cache) >= CACHE_SIZE:
+                self._cache.clear()
+            hit = self._cache[problem.prompt_id] = self._render(problem.prompt, problem.prompt_id)
+        return hit
+
+    def render_all(self, problems: list[Problem]) -> tuple[list[str], list[list[int]]]:
+        """Texts and token ids of `problems`, in order."""
+        rendered = [self.render(p) for p in problems]
+        return [text for text, _ in rendered], [ids for _, ids in rendered]
+
+    def _render(self, prompt: str | Messages, prompt_id: str) -> tuple[str, list[int]]:
+        if isinstance(prompt, str) and self.style != "chat":
+            return prompt, self.tokenizer(prompt)["input_ids"]
+        if self.style == "raw":
+            raise PromptError(f"prompt {prompt_id}: chat messages, but task.prompt_format='raw'; give strings")
+        messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
+        if self.system_prompt and messages[0]["role"] != "system":
+            messages.insert(0, {"role": "system", "content": self.system_prompt})
+        if not getattr(self.tokenizer, "chat_template", None):
+            raise PromptError(
+                f"prompt {prompt_id}: chat messages, but the model's tokenizer has no chat template; give the prompts "
+                "as strings (they go to the model as they are), or use an instruct model"
+            )
+        text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        return text, self.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def check_lengths(problems: list[Problem], prompts: PromptFormat, context: int, max_tokens: int) -> None:
+    """Raise `PromptError` naming the first prompt that, with `max_tokens` to generate, does not fit
+    the model's `context` (tokens)."""
+    for problem in problems:
+        length = len(prompts.render(problem)[1])
+        if length + max_tokens > context:
+            raise PromptError(
+                f"prompt {problem.prompt_id} is {length} tokens; with engine.max_tokens={max_tokens} that exceeds the "
+                f"model's context of {context} tokens (shorten it, or lower engine.max_tokens)"
+            )
