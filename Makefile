@@ -19,8 +19,9 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 # The JupyterLab sidebar (extensions/jupyterlab-forge; Node.js 20 and npm): npm ci from package-lock.json, then
-# tsc and `jupyter labextension build` against this venv's JupyterLab into forge_nb/labextension, linked where
-# JupyterLab looks for it (an editable install skips data files; a wheel ships them, see pyproject.toml).
+# tsc and `jupyter-builder build` (`jupyter labextension build`) against this venv's JupyterLab into
+# forge_nb/labextension, linked where JupyterLab looks for it (an editable install skips data files; a wheel
+# ships them, see pyproject.toml).
 labextension: $(LABEXT_BUILT)
 
 $(LABEXT)/node_modules/.package-lock.json: $(LABEXT)/package-lock.json

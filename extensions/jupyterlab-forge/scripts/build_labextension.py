@@ -1,10 +1,10 @@
 """Build the prebuilt extension into forge_nb/labextension, against the JupyterLab of this Python.
 
-`jupyter labextension build` (in JupyterLab 4.6 a thin alias of `jupyter-builder build`) runs the
-pinned @jupyterlab/builder from node_modules. Given no core package file, jupyter-builder would
-download the one of the builder's own version from the network; this passes the installed
-JupyterLab's instead, so the shared packages match the JupyterLab that will load the extension
-and the build needs no network. install.json then marks the output as shipped by forge_nb
+It runs `jupyter-builder build` (in JupyterLab 4.6, `jupyter labextension build` is a deprecated alias
+that calls it), which runs the pinned @jupyterlab/builder from node_modules. Given no core package
+file, jupyter-builder would download the one of the builder's own version from the network; this
+passes the installed JupyterLab's instead, so the shared packages match the JupyterLab that will
+load the extension and the build needs no network. install.json then marks the output as shipped by forge_nb
 (`jupyter labextension list` shows "python, forge_nb").
 
 Run from the extension's folder with the venv's Python: `python scripts/build_labextension.py`.
