@@ -153,4 +153,7 @@ def _session():
 
 
 def load_ipython_extension(ipython) -> None:
+    from forge_nb.notebook import sidebar
+
     ipython.register_magics(ForgeMagics)
+    sidebar.register(ipython)  # the JupyterLab sidebar's comm target (a no-op outside a kernel)

@@ -1,0 +1,263 @@
+"""The forge sidebar (extensions/jupyterlab-forge) in a real JupyterLab, in Debian's headless Chromium
+driven by Playwright: no session, a session from `%forge up`, Sync, Run/Pause, switching notebooks and
+a kernel restart. Screenshots go to $FORGE_NB_SCREENSHOTS (a folder) if set, else the test's tmp dir."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import nbformat
+import psutil
+import pytest
+
+from tests.conftest import wait_no_children
+
+pytestmark = pytest.mark.slow
+
+CHROMIUM_FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+NOTEBOOKS = {
+    "plain.ipynb": ["1 + 1", "import forge_nb  # imported, not loaded with %load_ext: the sidebar finds it anyway"],
+    "forge.ipynb": [
+        "%load_ext forge_nb",
+        "s = %forge up prompts_per_step=4 group_size=4 threads_per_proc=1",
+        "%forge step 2",
+        "s.train(s.rollout())  # trained, not synced: the generator serves v2, the trainer has v3",
+    ],
+}
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture
+def lab(tmp_path: Path):
+    """A JupyterLab server on loopback (token auth) with the two notebooks -> base URL and token; stopped
+    after, kernels and the mesh procs included, and checked to leave no process behind."""
+    for name, cells in NOTEBOOKS.items():
+        nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells])
+        nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+        nbformat.write(nb, tmp_path / name)
+    settings = tmp_path / "settings" / "@jupyterlab" / "apputils-extension"
+    settings.mkdir(parents=True)
+    # No "would you like to be notified about news" toast over the notebook.
+    (settings / "notification.jupyterlab-settings").write_text(json.dumps({"fetchNews": "false"}))
+    port, token = _free_port(), "forge-nb-sidebar-test"
+    env = {
+        **os.environ,
+        "JUPYTERLAB_SETTINGS_DIR": str(tmp_path / "settings"),
+        "JUPYTERLAB_WORKSPACES_DIR": str(tmp_path / "workspaces"),  # no layout restored from another run
+        "JUPYTER_RUNTIME_DIR": str(tmp_path / "rt"),
+    }
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "jupyter",
+            "lab",
+            "--no-browser",
+            "--allow-root",
+            "--ServerApp.ip=127.0.0.1",
+            f"--ServerApp.port={port}",
+            f"--IdentityProvider.token={token}",
+            f"--ServerApp.root_dir={tmp_path}",
+            "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=(tmp_path / "server.log").open("w"),
+    )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            urllib.request.urlopen(f"{url}/api/status?token={token}", timeout=2)
+            break
+        except OSError:
+            time.sleep(0.5)
+    try:
+        yield url, token, tmp_path
+    finally:
+        procs = [server, *(psutil.Process(server.pid).children(recursive=True))]
+        server.send_signal(signal.SIGINT)  # jupyter asks to confirm on the first ^C: the second stops it
+        time.sleep(0.5)
+        server.send_signal(signal.SIGINT)
+        _, alive = psutil.wait_procs([psutil.Process(p.pid) for p in procs if psutil.pid_exists(p.pid)], timeout=60)
+        for p in alive:
+            p.kill()
+        assert alive == [], f"left running after the server stopped: {alive}"
+        assert wait_no_children(timeout=30) == []  # nor Chromium, nor Playwright's driver
+
+
+def test_extension_is_installed_and_enabled():
+    out = subprocess.run(
+        [sys.executable, "-m", "jupyter", "labextension", "list"], capture_output=True, text=True, check=True
+    )
+    listing = out.stdout + out.stderr
+    assert "jupyterlab-forge" in listing, listing
+    line = next(line for line in listing.splitlines() if "jupyterlab-forge" in line)
+    assert "enabled" in line and "OK" in line and "forge_nb" in line, line
+
+
+def test_sidebar_follows_the_notebook_session_sync_run_pause_and_restart(lab):
+    from playwright.sync_api import expect, sync_playwright
+
+    url, token, tmp_path = lab
+    shots = Path(os.environ.get("FORGE_NB_SCREENSHOTS", tmp_path))
+    shots.mkdir(parents=True, exist_ok=True)
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=shutil.which("chromium"), args=CHROMIUM_FLAGS)
+        page = browser.new_page(viewport={"width": 1400, "height": 900})
+        errors: list[str] = []
+        page.on("pageerror", lambda e: errors.append(f"pageerror: {e}"))
+        page.on("console", lambda m: errors.append(f"console: {m.text}") if m.type == "error" else None)
+        try:
+            _walk_through(page, f"{url}/lab/tree/plain.ipynb?token={token}", shots, expect)
+        finally:
+            page.screenshot(path=str(shots / "sidebar-last.png"))  # kept on failure, for a person to look at
+            browser.close()
+    # Nothing the sidebar does may throw into the console (JupyterLab's own messages are not ours).
+    assert [e for e in errors if "forge" in e.lower()] == []
+
+
+def _walk_through(page, url: str, shots: Path, expect) -> None:
+    page.goto(url)
+    page.locator(".jp-Notebook").wait_for(timeout=60_000)
+    _wait_idle(page, expect)
+    sidebar = _open_sidebar(page)
+
+    # 1. A kernel without forge_nb: said plainly, with the two lines that start a session.
+    empty = sidebar.locator(".jp-ForgeSidebar-empty")
+    expect(empty).to_contain_text("No forge session in this kernel", timeout=30_000)
+    expect(empty).to_have_attribute("data-phase", "unavailable")  # forge_nb is not even imported there
+    expect(sidebar.locator(".jp-ForgeSidebar-code")).to_have_text("%load_ext forge_nb\n%forge up")
+    page.screenshot(path=str(shots / "sidebar-no-session.png"))
+
+    # 2. `%forge up` in another notebook: the sidebar switches to it and shows the session.
+    page.locator(".jp-DirListing-item[title^='Name: forge.ipynb']").dblclick()
+    expect(sidebar.locator(".jp-ForgeSidebar-notebook")).to_have_text("forge.ipynb", timeout=30_000)
+    _wait_idle(page, expect)
+    _run_all_cells(page, expect)
+    policy = sidebar.locator(".jp-ForgeSidebar-policy")
+    expect(sidebar.locator(".jp-ForgeSidebar-status")).to_contain_text("Session up", timeout=180_000)
+    expect(policy).to_have_attribute("data-trainer", "3", timeout=180_000)
+    expect(policy).to_have_attribute("data-generator", "2")
+    expect(policy).to_have_text("v2 serving · v3 trained")
+    expect(sidebar.locator(".jp-ForgeSidebar-actor")).not_to_have_count(0)
+    expect(sidebar.locator(".jp-ForgeSidebar-actor.jp-mod-alive")).to_have_count(
+        sidebar.locator(".jp-ForgeSidebar-actor").count()
+    )
+    expect(sidebar.locator(".jp-ForgeSidebar-rate")).not_to_have_text("– tok/s")
+    status_item = page.locator(".jp-ForgeStatus")
+    expect(status_item).to_contain_text("policy v2 (+1)")
+    _wait_idle(page, expect)
+    page.screenshot(path=str(shots / "sidebar-session.png"))
+
+    # 3. Sync: the served version goes up.
+    sidebar.locator(".jp-ForgeSidebar-sync").click()
+    expect(policy).to_have_attribute("data-generator", "3", timeout=60_000)
+    expect(policy).to_have_text("v3 serving")
+    expect(sidebar.locator(".jp-ForgeSidebar-note")).to_contain_text("Sync: policy v3 served")
+    expect(status_item).to_contain_text("policy v3 ·")
+    page.screenshot(path=str(shots / "sidebar-synced.png"))
+
+    # 4. Run, then Pause: a background run trains; the button follows its state.
+    run = sidebar.locator(".jp-ForgeSidebar-run")
+    expect(run).to_have_text("Run")
+    run.click()
+    state = sidebar.locator(".jp-ForgeSidebar-runState")
+    expect(state).to_have_attribute("data-state", "running", timeout=30_000)
+    expect(policy).not_to_have_attribute("data-trainer", "3", timeout=120_000)  # it trained a step
+    expect(run).to_have_text("Pause")
+    run.click()
+    expect(state).to_have_attribute("data-state", "paused", timeout=120_000)
+    expect(run).to_have_text("Resume")
+    page.screenshot(path=str(shots / "sidebar-paused.png"))
+
+    # 5. Back to the notebook without forge_nb, then to this one: the sidebar follows.
+    _tab(page, "plain.ipynb").click()
+    expect(sidebar.locator(".jp-ForgeSidebar-notebook")).to_have_text("plain.ipynb")
+    expect(empty).to_contain_text("No forge session in this kernel", timeout=30_000)
+    page.locator(".jp-NotebookPanel:visible .jp-Cell").nth(1).locator(".jp-InputPrompt").click()
+    page.keyboard.press("Shift+Enter")  # `import forge_nb`: the sidebar's probe registers the comm target
+    expect(empty).to_have_attribute("data-phase", "open", timeout=60_000)
+    expect(empty).to_contain_text("No forge session in this kernel")
+    _tab(page, "forge.ipynb").click()
+    expect(policy).to_be_visible(timeout=30_000)
+
+    # 6. A kernel restart ends the session (the kernel's exit stops the mesh); the sidebar reconnects.
+    pids = [int(pid) for text in sidebar.locator(".jp-ForgeSidebar-pids").all_text_contents() for pid in _numbers(text)]
+    assert pids and all(psutil.pid_exists(pid) for pid in pids)
+    page.locator(".jp-NotebookPanel:visible .jp-Toolbar-item[data-jp-item-name='restart'] button").click()
+    page.locator(".jp-Dialog .jp-mod-accept").click()
+    expect(empty).to_contain_text("No forge session in this kernel", timeout=60_000)
+    _wait_idle(page, expect)
+    page.locator(".jp-NotebookPanel:visible .jp-Cell").first.locator(".jp-InputPrompt").click()
+    page.keyboard.press("Shift+Enter")  # %load_ext forge_nb again: the comm opens, still no session
+    expect(empty).to_have_attribute("data-phase", "open", timeout=60_000)
+    expect(empty).to_contain_text("No forge session in this kernel")
+    deadline = time.monotonic() + 30
+    while any(psutil.pid_exists(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not any(psutil.pid_exists(pid) for pid in pids), "the restarted kernel's mesh procs are still running"
+
+
+def _numbers(text: str) -> list[str]:
+    """The pids in "pid 123" or "pids 1, 2"."""
+    return [word.strip(",") for word in text.split()[1:]]
+
+
+def _open_sidebar(page):
+    page.locator(".jp-SideBar .lm-TabBar-tab[data-id='jp-forge-sidebar']").click()
+    sidebar = page.locator("#jp-forge-sidebar")
+    sidebar.wait_for(state="visible", timeout=30_000)
+    return sidebar
+
+
+def _tab(page, name: str):
+    return page.locator(f".lm-DockPanel-tabBar .lm-TabBar-tab:has-text('{name}')")
+
+
+def _wait_idle(page, expect) -> None:
+    """The status bar's kernel indicator (it follows the current notebook) says Idle."""
+    expect(page.locator(".jp-Notebook-ExecutionIndicator").first).to_have_attribute(
+        "data-status", "idle", timeout=60_000
+    )
+
+
+def _run_all_cells(page, expect) -> None:
+    """Shift+Enter through the current notebook's cells, as a person would. A notebook can show "Idle"
+    a moment before its kernel connection is up, and keystrokes sent then are dropped: retry until the
+    first cell is queued or running ("[*]") or done ("[1]")."""
+    cells = page.locator(".jp-NotebookPanel:visible .jp-Cell")
+    first = cells.first.locator(".jp-InputPrompt")
+    for _ in range(20):
+        first.click()
+        for _ in range(cells.count()):
+            page.keyboard.press("Shift+Enter")
+        try:
+            expect(first).not_to_have_text("[ ]:", timeout=3_000)
+            return
+        except AssertionError:  # not started: wait for the kernel connection and retry
+            page.wait_for_timeout(1_000)
+    raise AssertionError("the notebook never started executing its cells")
