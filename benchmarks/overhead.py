@@ -1,8 +1,8 @@
 """Mesh overhead: the same GRPO step in a plain single-process loop and through forge_nb's mesh.
 
 Both sides do identical work per step -- generate P x G samples with the torch engine, score them
-with the task verifier, group-relative advantages, one GRPO optimizer step (both leave the
-zero-advantage rows out of the forward/backward), copy the new weights into the generator -- on the
+with the task verifier, group-relative advantages, one GRPO optimizer step (both run each prompt once
+for its group and leave the zero-advantage rows out of the forward/backward), copy the new weights into the generator -- on the
 bundled model, with the same seeds and torch thread budget. The plain
 loop copies weights with a memcpy; the mesh moves them over Monarch RDMA between procs.
 Blocks of steps alternate between the two so machine noise hits both alike.
@@ -25,7 +25,7 @@ from forge_nb.config import Config
 from forge_nb.engines.torch_engine import TorchEngine
 from forge_nb.live.builtin import builtin_loss
 from forge_nb.rl.advantages import group_relative
-from forge_nb.rl.batch import collate
+from forge_nb.rl.prefix_batch import collate_prefix
 from forge_nb.rl.losses import grpo_loss
 from forge_nb.rl.train_step import policy_step
 from forge_nb.tasks import make_task
@@ -60,7 +60,7 @@ class PlainLoop:
         grouped = torch.tensor(rewards).view(len(problems), sampling.n)
         adv = group_relative(grouped, a.normalize_std, unbiased=a.group_std == "sample").flatten()
         t2 = time.perf_counter()
-        batch = collate(
+        batch = collate_prefix(  # as the mesh's trainer: each prompt runs once for its group
             [c.prompt_ids for c in flat],
             [c.token_ids for c in flat],
             self.engine.pad_id,

@@ -41,10 +41,10 @@ def loss(logprobs, old_logprobs, advantages, mask):
 
 
 def data(args: argparse.Namespace) -> tuple[list[dict], list[dict]]:
-    train = word_problems(args.train, seed=args.seed)
+    train = word_problems(args.train, seed=args.seed, top=args.top)
     seen = {r["prompt"][0]["content"] for r in train}
-    heldout = [r for r in word_problems(args.heldout * 2, seed=args.seed + 1) if r["prompt"][0]["content"] not in seen]
-    return train, heldout[: args.heldout]
+    others = word_problems(args.heldout * 3, seed=args.seed + 1, top=args.top)
+    return train, [r for r in others if r["prompt"][0]["content"] not in seen][: args.heldout]
 
 
 def forge_nb_run(args: argparse.Namespace, train: list[dict], heldout: list[dict]) -> dict:
@@ -57,6 +57,7 @@ def forge_nb_run(args: argparse.Namespace, train: list[dict], heldout: list[dict
         prompts_per_step=args.prompts,
         group_size=args.group,
         max_tokens=args.max_tokens,
+        temperature=args.temperature,
         lr=args.lr,
         loss="grpo",
         threads_per_proc=args.threads,
@@ -122,7 +123,7 @@ def trl_run(args: argparse.Namespace, train: list[dict]) -> float:
         per_device_train_batch_size=args.prompts * args.group,
         num_generations=args.group,
         max_completion_length=args.max_tokens,
-        temperature=1.0,
+        temperature=args.temperature,
         top_p=1.0,
         learning_rate=args.lr,
         loss_type="grpo",
@@ -157,8 +158,10 @@ def trl_run(args: argparse.Namespace, train: list[dict]) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--minutes", type=float, default=5.0, help="forge_nb training time")
-    parser.add_argument("--prompts", type=int, default=8)
-    parser.add_argument("--group", type=int, default=4)
+    parser.add_argument("--prompts", type=int, default=4)
+    parser.add_argument("--group", type=int, default=8)
+    parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument("--top", type=int, default=9, help="largest number in the problems (9: one-digit)")
     parser.add_argument("--max-tokens", type=int, default=48)
     parser.add_argument("--lr", type=float, default=2e-5)
     parser.add_argument("--train", type=int, default=400)

@@ -10,7 +10,7 @@ from transformers import AutoModelForCausalLM
 
 from forge_nb.actors.base import ForgeActor
 from forge_nb.config import Config
-from forge_nb.rl.batch import completion_logprobs
+from forge_nb.rl.prefix_batch import completion_logprobs
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,8 @@ from forge_nb.actors.base import ForgeActor
 from forge_nb.config import AlgorithmConfig, Config
 from forge_nb.live.capture import LiveCode, compile_function
 from forge_nb.live.validate import CheckFailed, check_loss_value
-from forge_nb.rl.batch import TrainBatch, completion_logprobs
+from forge_nb.rl.batch import TrainBatch
+from forge_nb.rl.prefix_batch import completion_logprobs
 from forge_nb.rl.train_step import NonFiniteGradient, policy_step
 from forge_nb.weights.manifest import WeightManifest, checksum
 from forge_nb.weights.publish import WeightPublisher

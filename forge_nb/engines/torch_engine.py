@@ -15,6 +15,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
 from forge_nb.engines.base import Completion, Prompt, SamplingParams, cut_at_stop, encode_prompts
+from forge_nb.rl.prefix_batch import completion_logprobs
 
 
 class TorchEngine:
@@ -118,8 +119,6 @@ class TorchEngine:
 
     def score(self, prompt_ids: list[list[int]], completion_ids: list[list[int]]) -> list[list[float]]:
         """Teacher-forced logprobs (temperature 1) of each completion after its prompt."""
-        from forge_nb.rl.batch import completion_logprobs
-
         return completion_logprobs(self.model, prompt_ids, completion_ids, self.pad_id, 1.0)
 
     @torch.no_grad()

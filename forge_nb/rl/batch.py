@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from forge_nb.rl.episode import Episode
+from forge_nb.rl.prefix_batch import PrefixBatch, collate_prefix
 
 
 @dataclass
@@ -33,6 +34,10 @@ class TokenBatch:
         """The same batch with every tensor on `device`."""
         moved = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in self.__dict__.items()}
         return TokenBatch(**moved)
+
+    def logprobs(self, model: nn.Module, temperature: float = 1.0) -> torch.Tensor:
+        """Logprob of every next token under ``logits / temperature`` -> [B, L-1] (0 where masked out)."""
+        return token_logprobs(model, self, temperature)
 
 
 @dataclass(frozen=True)
@@ -62,8 +67,11 @@ class TrainBatch:
     def __len__(self) -> int:
         return len(self.prompt_ids)
 
-    def collate(self, pad_id: int) -> TokenBatch:
-        return collate(self.prompt_ids, self.completion_ids, pad_id, self.logprobs, self.advantages, self.ref_logprobs)
+    def collate(self, pad_id: int) -> PrefixBatch:
+        """Tensors for the trainer, each distinct prompt once (`rl.prefix_batch`)."""
+        return collate_prefix(
+            self.prompt_ids, self.completion_ids, pad_id, self.logprobs, self.advantages, self.ref_logprobs
+        )
 
 
 def collate(
@@ -112,17 +120,3 @@ def token_logprobs(model: nn.Module, batch: TokenBatch, temperature: float = 1.0
     logp = torch.log_softmax(logits.float(), -1)
     picked = logp.gather(-1, batch.input_ids[:, 1:, None])[..., 0]
     return picked * batch.completion_mask
-
-
-@torch.no_grad()
-def completion_logprobs(
-    model: nn.Module, prompt_ids: list[list[int]], completion_ids: list[list[int]], pad_id: int, temperature: float
-) -> list[list[float]]:
-    """Each completion's token logprobs after its prompt under ``logits / temperature`` (no grad)."""
-    was_training = model.training
-    model.eval()
-    device = next(model.parameters()).device
-    lp = token_logprobs(model, collate(prompt_ids, completion_ids, pad_id).to(device), temperature)
-    model.train(was_training)
-    rows = enumerate(zip(prompt_ids, completion_ids))
-    return [lp[i, len(p) - 1 : len(p) - 1 + len(c)].tolist() for i, (p, c) in rows]

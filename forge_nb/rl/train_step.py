@@ -1,4 +1,9 @@
-"""One optimizer step of a policy-gradient loss on a `TokenBatch` (plain PyTorch)."""
+"""One optimizer step of a policy-gradient loss on a batch (plain PyTorch).
+
+The batch is a `rl.prefix_batch.PrefixBatch` (what the trainer uses: each prompt runs once for its
+group) or a `rl.batch.TokenBatch` (full sequences); both give per-token tensors [B, T] and a
+`logprobs(model, temperature)` of the same layout, and the loss does not care which.
+"""
 
 from __future__ import annotations
 
@@ -8,8 +13,9 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from forge_nb.rl.batch import TokenBatch, token_logprobs
+from forge_nb.rl.batch import TokenBatch
 from forge_nb.rl.losses import kl_k3, masked_mean
+from forge_nb.rl.prefix_batch import PrefixBatch
 
 
 class NonFiniteGradient(FloatingPointError):
@@ -40,7 +46,7 @@ def needs_ref(loss_fn: LossFn) -> bool:
 def policy_step(
     model: nn.Module,
     optimizer: torch.optim.Optimizer,
-    batch: TokenBatch,
+    batch: PrefixBatch | TokenBatch,
     loss_fn: LossFn,
     temperature: float = 1.0,
     max_grad_norm: float = 1.0,
@@ -54,9 +60,13 @@ def policy_step(
     `skip_zero_advantage`: only for a loss that is 0, with no gradient, on a sequence whose
     advantage is 0 (see `LiveCode.zero_advantage_inert`); such sequences are not run through the
     model, which leaves the loss and the gradient as they were. The ratio metrics then cover the
-    sequences that ran; `rows_skipped` counts the others.
+    sequences that ran; `rows_skipped` counts the others. With every advantage 0 the gradient is
+    exactly 0: the optimizer steps on zero gradients (AdamW still moves by its moments) with no
+    forward at all.
     """
     model.train()
+    if skip_zero_advantage and not bool((batch.advantages != 0).any()):
+        return _zero_gradient_step(model, optimizer, batch)
     logprobs, ran = _logprobs(model, batch, temperature, skip_zero_advantage)  # [B, T], [B] bool
     mask = batch.completion_mask
     extra = {"ref_logprobs": batch.ref_logprobs} if batch.ref_logprobs is not None and takes_ref(loss_fn) else {}
@@ -86,16 +96,28 @@ def policy_step(
         }
 
 
+def _zero_gradient_step(model: nn.Module, optimizer: torch.optim.Optimizer, batch) -> dict[str, float]:
+    """The step a batch of zero advantages takes under an inert loss, without computing it: every
+    gradient is 0, as backward would have made it (so every parameter's optimizer state moves)."""
+    optimizer.zero_grad(set_to_none=True)
+    for p in model.parameters():
+        if p.requires_grad:
+            p.grad = torch.zeros_like(p)
+    optimizer.step()
+    rows = int(batch.advantages.numel())
+    tokens = int(batch.completion_mask.sum().item())
+    stats = {"loss": 0.0, "grad_norm": 0.0, "approx_kl": 0.0, "max_abs_logprob_diff": 0.0}
+    return {**stats, "tokens": tokens, "rows_skipped": rows}
+
+
 def _logprobs(
-    model: nn.Module, batch: TokenBatch, temperature: float, skip_zero_advantage: bool
+    model: nn.Module, batch: PrefixBatch | TokenBatch, temperature: float, skip_zero_advantage: bool
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """-> (logprobs [B, T], which rows ran through the model [B] bool). Rows left out get their
     behaviour logprobs as constants: ratio 1, and no path to the weights."""
     ran = batch.advantages != 0 if skip_zero_advantage else torch.ones_like(batch.advantages, dtype=torch.bool)
-    # Nothing to skip; or nothing would run: then all run, and the step is what it always was (a zero
-    # gradient, on which AdamW still moves by its moments).
-    if bool(ran.all()) or not bool(ran.any()):
-        return token_logprobs(model, batch, temperature), torch.ones_like(ran)
+    if bool(ran.all()):
+        return batch.logprobs(model, temperature), torch.ones_like(ran)
     rows = ran.nonzero()[:, 0]
-    picked = token_logprobs(model, batch.select(rows), temperature)
+    picked = batch.select(rows).logprobs(model, temperature)
     return batch.old_logprobs.index_put((rows,), picked), ran

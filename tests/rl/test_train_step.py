@@ -11,7 +11,8 @@ from forge_nb.config import AlgorithmConfig
 from forge_nb.live.builtin import builtin_loss
 from forge_nb.live.capture import LiveCode, compile_function
 from forge_nb.models import BUNDLED_MODEL
-from forge_nb.rl.batch import collate, token_logprobs
+from forge_nb.rl.batch import collate
+from forge_nb.rl.prefix_batch import collate_prefix
 from forge_nb.rl.train_step import policy_step
 
 LOSSES = [
@@ -28,16 +29,18 @@ def model():
     return AutoModelForCausalLM.from_pretrained(BUNDLED_MODEL)
 
 
-def _batch(model, advantages: list[float]):
-    """Sequences of varied length whose behaviour logprobs are the model's, perturbed (ratios != 1)."""
+def _batch(model, advantages: list[float], layout=collate):
+    """Sequences of varied length (pairs share a prompt, as groups do) whose behaviour logprobs are the
+    model's, perturbed (ratios != 1); `layout`: full sequences (`collate`) or each prompt once (`collate_prefix`)."""
     gen = torch.Generator().manual_seed(0)
     n = len(advantages)
-    prompts = [[1] + torch.randint(3, 15, (3 + i % 3,), generator=gen).tolist() for i in range(n)]
+    prompts = [[1] + torch.randint(3, 15, (3 + i % 3,), generator=gen).tolist() for i in range(0, n, 2)]
+    prompts = [p for p in prompts for _ in range(2)][:n]
     completions = [torch.randint(3, 15, (1 + i % 4,), generator=gen).tolist() + [2] for i in range(n)]
-    batch = collate(prompts, completions, 0, None, advantages)
+    batch = layout(prompts, completions, 0, None, advantages)
     with torch.no_grad():
         noise = 0.3 * torch.randn(batch.old_logprobs.shape, generator=gen)
-        batch.old_logprobs = (token_logprobs(model, batch) + noise) * batch.completion_mask
+        batch.old_logprobs = (batch.logprobs(model) + noise) * batch.completion_mask
     return batch
 
 
@@ -50,12 +53,13 @@ def _step(model, batch, loss_fn, skip: bool):
     return metrics, {n: p.detach() - before[n] for n, p in trained.named_parameters()}
 
 
+@pytest.mark.parametrize("layout", [collate, collate_prefix])
 @pytest.mark.parametrize("algorithm", LOSSES, ids=lambda a: a.loss + ("_token" if a.token_level else ""))
-def test_skipping_zero_advantage_sequences_leaves_loss_and_gradient_unchanged(model, algorithm):
+def test_skipping_zero_advantage_sequences_leaves_loss_and_gradient_unchanged(model, algorithm, layout):
     code = builtin_loss(algorithm, max_tokens=8)
     assert code.zero_advantage_inert
     loss_fn = compile_function(code)
-    batch = _batch(model, [0.0, 1.3, 0.0, -0.7, 0.0, 0.0, 2.0, -1.1])
+    batch = _batch(model, [0.0, 1.3, 0.0, -0.7, 0.0, 0.0, 2.0, -1.1], layout)
     full, full_delta = _step(model, batch, loss_fn, skip=False)
     skipped, skipped_delta = _step(model, batch, loss_fn, skip=True)
     assert full["rows_skipped"] == 0 and skipped["rows_skipped"] == 4
@@ -66,11 +70,24 @@ def test_skipping_zero_advantage_sequences_leaves_loss_and_gradient_unchanged(mo
     assert skipped["tokens"] == full["tokens"]
 
 
-def test_a_batch_with_no_advantage_takes_its_usual_step(model):
+def test_a_batch_with_no_advantage_takes_its_usual_step_without_a_forward(model):
+    """All advantages 0: zero gradients, and AdamW moves by its moments exactly as if backward had run."""
     loss_fn = compile_function(builtin_loss(AlgorithmConfig(), max_tokens=8))
     metrics, delta = _step(model, _batch(model, [0.0] * 4), loss_fn, skip=True)
-    assert metrics["rows_skipped"] == 0 and metrics["loss"] == 0.0
-    assert all(bool((d == 0).all()) for d in delta.values())
+    assert metrics["rows_skipped"] == 4 and metrics["loss"] == 0.0 and metrics["grad_norm"] == 0.0
+    assert all(bool((d == 0).all()) for d in delta.values())  # SGD: nothing moves
+    informative, idle = _batch(model, [1.0, -1.0, 0.5, -0.5]), _batch(model, [0.0] * 4)
+    updates = []
+    for skip in (False, True):
+        trained = copy.deepcopy(model)
+        optimizer = torch.optim.AdamW(trained.parameters(), lr=1e-2)
+        policy_step(trained, optimizer, informative, loss_fn, skip_zero_advantage=skip)  # moments now non-zero
+        before = {n: p.detach().clone() for n, p in trained.named_parameters()}
+        policy_step(trained, optimizer, idle, loss_fn, skip_zero_advantage=skip)
+        updates.append({n: p.detach() - before[n] for n, p in trained.named_parameters()})
+    assert any(bool((d != 0).any()) for d in updates[0].values())  # AdamW did move on zero gradients
+    for name, delta in updates[0].items():
+        assert torch.allclose(updates[1][name], delta, atol=1e-7), name
 
 
 def test_only_built_in_losses_without_kl_are_marked_inert():
