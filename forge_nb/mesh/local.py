@@ -6,6 +6,7 @@ from typing import Any
 
 from monarch.actor import ProcMesh, this_host
 
+from forge_nb.mesh import quiet
 from forge_nb.mesh.calls import wait
 
 
@@ -13,6 +14,7 @@ class LocalMesh:
     """Spawns each role (generator, trainer, reward, ...) into its own procs on this host."""
 
     def __init__(self) -> None:
+        quiet.route_native_output()  # before Monarch's first line and the first proc (which inherits it)
         self.proc_meshes: dict[str, ProcMesh] = {}
 
     def host(self, role: str) -> Any:
