@@ -65,8 +65,8 @@ class Session:
         self._next_eval = config.eval.every
         self._next_sample_id = 0
         self.actors: Roles | None = None
-        self._trainer_version = 0
-        self._generator_version = 0
+        self.trainer_version = 0  # policy version of the trainer's weights (the latest published)
+        self.generator_version = 0  # policy version the generator serves (as of the last sync)
         self._dashboards: list = []
         self.live_code = LiveCodeManager(config, host=self)
         self.reward_errors: list[dict] = []
@@ -95,7 +95,7 @@ class Session:
         self.engine_name = cfg.engine_name()
         rewards, loss = self.live_code.registry.members("reward"), self.live_code.live("loss").code
         try:
-            self.actors = Roles.start(cfg, self.engine_name, self.tokenizer.pad_token_id, rewards, loss)
+            self.actors = Roles.start(cfg, self.engine_name, self.tokenizer.pad_token_id, rewards, loss, self._event)
             lifecycle.register(self)  # after the spawns: our exit hook then runs before the ones Monarch adds
             self.actors.wait_ready()
             self.actors.attach_weights(cfg.weights.transport)
@@ -108,6 +108,10 @@ class Session:
                 else f"the mesh failed to start ({type(e).__name__}): {e}"
             )
             raise SessionError(f"forge_nb: {cause}") from (None if isinstance(e, SlurmError) else e)
+
+    def _event(self, role: str, what: str) -> None:
+        """Something happened to the mesh (a proc replaced, ...): on the metrics stream, in `status()`."""
+        self.metrics_stream.emit("event", step=self.step_count, role=role, what=what)
 
     @property
     def is_up(self) -> bool:
@@ -188,12 +192,12 @@ class Session:
                 raise SessionError(f"forge_nb: {e}") from None
             if episodes:
                 result = actors.train_step(episodes)
-                self._trainer_version = result.policy_version
+                self.trainer_version = result.policy_version
                 for e in episodes:
                     e.loss_version = result.loss_version
             else:  # dynamic sampling left nothing: no step, nothing published
                 stats = {"loss": 0.0, "grad_norm": 0.0, "tokens": 0, "skipped": True}
-                result = TrainResult(self._trainer_version, self.live_code.live("loss").version, stats, 0.0, 0.0)
+                result = TrainResult(self.trainer_version, self.live_code.live("loss").version, stats, 0.0, 0.0)
             self.metrics_stream.emit("train", step=self.step_count, **result.as_dict())
             self.step_count += 1
             return result.as_dict()
@@ -204,8 +208,8 @@ class Session:
         with self.generation_lock:
             actors = self._require_up()
             start = time.perf_counter()
-            report = actors.refresh(self._trainer_version)
-            self._generator_version = report.version
+            report = actors.refresh(self.trainer_version)
+            self.generator_version = report.version
             row = {**report.as_dict(), "total_seconds": time.perf_counter() - start}
             self.metrics_stream.emit("sync", step=self.step_count, **row)
             return row
@@ -270,16 +274,6 @@ class Session:
             return None
         self._next_eval = (self.step_count // every + 1) * every
         return self.evaluate()
-
-    @property
-    def trainer_version(self) -> int:
-        """Policy version of the trainer's weights (the latest published)."""
-        return self._trainer_version
-
-    @property
-    def generator_version(self) -> int:
-        """Policy version the generator serves (as of the last sync)."""
-        return self._generator_version
 
     @property
     def has_reference(self) -> bool:
@@ -350,6 +344,7 @@ class Session:
             "reward_version": self.live_code.live("reward").version,
             "loss_version": self.live_code.live("loss").version,
             "run": None if run is None else {"state": run.state, "steps_done": run.done, "error": run.error},
+            "events": [{k: r[k] for k in ("time", "role", "what")} for r in self.metrics_stream.rows("event")[-5:]],
             "reward_errors": len(self.reward_errors),
             "last_reward_errors": self.reward_errors[-3:],
             "model": str(self.config.model.resolved_path()),
