@@ -64,12 +64,12 @@ class Checker:
         try:
             return wait(future, timeout)
         except TimeoutError:
-            self._replace(f"a check ran past its {timeout:g} s timeout")
+            self.replace(f"a check ran past its {timeout:g} s timeout")
             raise CheckFailed(
                 f"did not return within the {timeout:g} s timeout (hangs?); the process that ran it was replaced"
             ) from None
 
-    def _replace(self, why: str) -> None:
+    def replace(self, why: str) -> None:
         self.actor = self.mesh.replace(ROLE, LiveCheck, self.spec, self.pids)
         self.ready()
         self.replaced += 1
