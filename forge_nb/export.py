@@ -68,6 +68,8 @@ def export_bundle(
                 "weight": member.weight,
                 "builtin": member.code.origin.startswith("built-in"),
                 "origin": member.code.origin,
+                "paths": list(member.code.paths),  # where the user's own modules it imports live
+                "reload": list(member.code.reload),
             }
     (out / "manifest.json").write_text(json.dumps(manifest, indent=2))
     shutil.copyfile(RUN_SCRIPT, out / "run.py")

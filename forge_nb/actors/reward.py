@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from dataclasses import dataclass
 
@@ -52,7 +53,8 @@ class RewardWorker(ForgeActor):
         why), never silently scored 0.
 
         The batch runs in a worker thread: past `timeout_s` x samples x members the unscored samples
-        are marked timed out and the actor answers (a hung thread cannot be killed; it stays detached).
+        are marked timed out and the actor answers with ``timed_out`` set; a thread cannot be killed,
+        so the session then replaces this proc (`mesh.roles.Roles.replace_rewards`).
         """
         samples = list(batch.samples())
         fns, weights, version = self.fns, self.weights, self.version
@@ -65,14 +67,15 @@ class RewardWorker(ForgeActor):
             done.set()
 
         threading.Thread(target=run, name="forge_nb-reward", daemon=True).start()
-        if not done.wait(self.timeout_s * max(1, len(samples)) * len(fns)):
-            # The hung thread may still write: answer with a snapshot.
-            components = {name: list(values) for name, values in components.items()}
-            errors = dict(errors)
-            for i in range(len(samples)):
-                if i not in errors and any(values[i] is None for values in components.values()):
-                    errors[i] = f"did not return within the {self.timeout_s:g} s per-sample timeout"
-        return Scores.combine(components, weights, errors, version)
+        if done.wait(self.timeout_s * max(1, len(samples)) * len(fns)):
+            return Scores.combine(components, weights, errors, version)
+        # The hung thread may still write: answer with a snapshot.
+        components = {name: list(values) for name, values in components.items()}
+        errors = dict(errors)
+        for i in range(len(samples)):
+            if i not in errors and any(values[i] is None for values in components.values()):
+                errors[i] = f"did not return within the {self.timeout_s:g} s per-sample timeout"
+        return dataclasses.replace(Scores.combine(components, weights, errors, version), timed_out=True)
 
     # -- diagnostics: for tests and debugging, never on the training path ----------------------
 

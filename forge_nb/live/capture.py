@@ -1,21 +1,23 @@
-"""Capture live code as source: a cell, or the cell / module a function was defined in.
+"""Live code as source: what travels to the actors, from a cell's text or (`live.closure`) a function.
 
-Live code travels as source, never as pickles. What travels is the *definitions* of the cell or
-module -- imports, functions, classes, and assignments whose right-hand side only uses names the
-same source defines -- so helpers and imports next to the function come along, while statements
-that act on the kernel (``s.set_reward(reward)``, ``r = s.rollout()``) stay behind.
+Live code travels as source, never as pickles. From a cell's text what travels is its *definitions*
+-- imports, functions, classes, and assignments whose right-hand side only uses names the same text
+defines and calls nothing in forge_nb -- so helpers and imports next to the function come along,
+while statements that act on the kernel (``s = forge_nb.up()``, ``s.set_reward(reward)``,
+``r = s.rollout()``) stay behind. A function object is captured by `live.closure` instead: exactly
+the names it reads.
 """
 
 from __future__ import annotations
 
 import ast
 import builtins
-import inspect
-import linecache
-import textwrap
+import importlib
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from types import CodeType
 
 
 class LiveCodeError(ValueError):
@@ -33,23 +35,10 @@ class LiveCode:
     # A loss whose value and gradient on a sequence with advantage 0 are exactly 0 (the built-in
     # losses without KL): the trainer then leaves such sequences out of its forward and backward.
     zero_advantage_inert: bool = False
-
-
-def from_function(kind: str, fn: Callable) -> LiveCode:
-    """The definitions of the cell (or module file) `fn` was written in, calling `fn.__name__`."""
-    if fn.__name__ == "<lambda>":
-        raise LiveCodeError(f"{kind}: a lambda cannot travel as source; define it with `def {kind}(...):`")
-    filename = fn.__code__.co_filename
-    lines = linecache.getlines(filename) or _file_lines(filename)
-    if not lines:
-        raise LiveCodeError(f"{kind} {fn.__name__!r}: cannot find its source ({filename}); define it in a cell or file")
-    origin = _origin(filename, fn.__code__.co_firstlineno)
-    body = definitions("".join(lines), origin)
-    if fn.__name__ not in _top_level_functions(body):
-        # Defined inside another function: ship its own source after the module's definitions.
-        own = textwrap.dedent(inspect.getsource(fn))
-        body += definitions(own, origin, known=_defined_names(body), forge=_forge_names(body))
-    return LiveCode(kind, fn.__name__, body, origin)
+    # Folders the source's imports need on sys.path (where the user's own modules live: the actors
+    # do not start in the notebook's folder), and modules to re-import first so edits to them count.
+    paths: tuple[str, ...] = ()
+    reload: tuple[str, ...] = ()
 
 
 def from_source(kind: str, source: str, origin: str = "cell", name: str | None = None) -> LiveCode:
@@ -67,8 +56,8 @@ def from_source(kind: str, source: str, origin: str = "cell", name: str | None =
 
 def definitions(source: str, origin: str, known: set[str] | None = None, forge: set[str] | None = None) -> str:
     """The top-level statements of `source` that define things and depend only on each other
-    (and on `known` names). forge_nb's own decorators (``@forge_nb.reward``) are dropped: in an
-    actor they would try to register the function again."""
+    (and on `known` names), calling nothing in forge_nb. forge_nb's own decorators
+    (``@forge_nb.reward``) are dropped: in an actor they would try to register the function again."""
     try:
         tree = ast.parse(source, filename=origin)
     except SyntaxError as e:
@@ -90,7 +79,7 @@ def definitions(source: str, origin: str, known: set[str] | None = None, forge: 
                 kept.append("\n".join([*lines, ast.get_source_segment(source, node, padded=True)]))
                 defined.add(node.name)
         elif isinstance(node, ast.Assign | ast.AnnAssign) and node.value is not None:
-            if _uses_only([node.value], defined):
+            if _uses_only([node.value], defined) and not _calls(node.value, forge):
                 kept.append(ast.get_source_segment(source, node))
                 targets = node.targets if isinstance(node, ast.Assign) else [node.target]
                 defined |= {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
@@ -98,7 +87,13 @@ def definitions(source: str, origin: str, known: set[str] | None = None, forge: 
 
 
 def compile_function(code: LiveCode) -> Callable:
-    """Execute `code.source` in a fresh namespace and return its function `code.name`."""
+    """Execute `code.source` in a fresh namespace and return its callable `code.name`."""
+    for path in code.paths:
+        if path not in sys.path:
+            sys.path.append(path)
+    for module in code.reload:
+        if module in sys.modules:
+            importlib.reload(sys.modules[module])
     namespace: dict = {"__name__": f"forge_nb_live_{code.kind}"}
     exec(compile(code.source, code.origin, "exec"), namespace)
     fn = namespace.get(code.name)
@@ -113,6 +108,11 @@ def _imports_forge_nb(node: ast.Import | ast.ImportFrom) -> bool:
     return any(a.name.split(".")[0] == "forge_nb" for a in node.names)
 
 
+def _calls(node: ast.AST, names: set[str]) -> bool:
+    """Whether `node` calls anything reached through `names` (``forge_nb.up(...)``, ``up(...)``)."""
+    return any(isinstance(n, ast.Call) and _root_name(n.func) in names for n in ast.walk(node))
+
+
 def _root_name(node: ast.AST) -> str | None:
     while isinstance(node, ast.Attribute | ast.Call):
         node = node.value if isinstance(node, ast.Attribute) else node.func
@@ -123,38 +123,16 @@ def _top_level_functions(body: str) -> list[str]:
     return [n.name for n in ast.parse(body).body if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)]
 
 
-def _forge_names(body: str) -> set[str]:
-    """Names the import statements of `body` bind to forge_nb or its members."""
-    names = set()
-    for node in ast.parse(body).body:
-        if isinstance(node, ast.Import | ast.ImportFrom) and _imports_forge_nb(node):
-            names |= {(a.asname or a.name).split(".")[0] for a in node.names}
-    return names
-
-
-def _defined_names(body: str) -> set[str]:
-    names = set()
-    for node in ast.parse(body).body:
-        if isinstance(node, ast.Import | ast.ImportFrom):
-            names |= {(a.asname or a.name).split(".")[0] for a in node.names}
-        elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
-            names.add(node.name)
-        else:
-            names |= {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
-    return names
-
-
 def _uses_only(nodes: list[ast.AST], defined: set[str]) -> bool:
     loads = {n.id for node in nodes for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
     return loads <= defined
 
 
-def _file_lines(filename: str) -> list[str]:
-    path = Path(filename)
-    return path.read_text().splitlines(keepends=True) if path.is_file() else []
-
-
-def _origin(filename: str, line: int) -> str:
+def origin_of(code: CodeType | None) -> str:
+    """Where code was written, for messages: "cell, line 3" or "rewards.py:12"."""
+    if code is None:
+        return "unknown"
+    filename, line = code.co_filename, code.co_firstlineno
     # ipykernel stores cells as /tmp/ipykernel_<pid>/<hash>.py; IPython as <ipython-input-N-...>.
     if "ipykernel_" in filename or filename.startswith("<"):
         return f"cell, line {line}"

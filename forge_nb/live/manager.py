@@ -1,6 +1,9 @@
-"""One owner of live code: every reward and loss version, validated in the kernel, shipped to the actors.
+"""One owner of live code: every reward and loss version, validated on real samples, shipped to the actors.
 
-Rejected code never leaves the kernel and gets no version number; the live version stays live.
+Code is captured in the kernel (read, never run: `live.closure`, `live.capture`) and checked on a
+probe batch in the checker's proc (`mesh.checker`), which is replaced when a check hangs, so no live
+code ever runs in the kernel. Rejected code never reaches the reward or trainer actors and gets no
+version number; the live version stays live.
 Actors swap between batches: the host ships under the lock of the side it changes, and an endpoint
 call never runs concurrently with a `score` or `train_step` on the same actor, so no batch mixes
 versions.
@@ -18,13 +21,13 @@ import pandas as pd
 
 from forge_nb.config import Config
 from forge_nb.live.builtin import builtin_loss, builtin_reward
-from forge_nb.live.capture import LiveCode, LiveCodeError, compile_function, from_function, from_source
+from forge_nb.live.capture import LiveCode, LiveCodeError, from_source
+from forge_nb.live.closure import capture_callable
 from forge_nb.live.probe import loss_probe
 from forge_nb.live.registry import Member, Registry, VersionRecord
-from forge_nb.live.validate import CheckFailed, run_with_timeout, score_members, validate_loss, validate_reward
-from forge_nb.rewards.batch import Scores, reward_batch
+from forge_nb.live.validate import CheckFailed, LossProbe
+from forge_nb.rewards.batch import RewardSample, Scores, reward_batch
 from forge_nb.rl.episode import Episode
-from forge_nb.rl.train_step import needs_ref
 
 KINDS = ("reward", "loss")
 
@@ -47,23 +50,28 @@ class LiveHost(Protocol):
 
 
 class LiveTargets(Protocol):
-    """The actors live code goes to (`mesh.roles.Roles`); each call returns once every actor of the
-    role has compiled the code."""
+    """The actors live code is checked in and goes to (`mesh.roles.Roles`). The setters return once
+    every actor of the role has compiled the code; the checks raise `CheckFailed`, also after
+    `timeout` s."""
 
     def set_rewards(self, members: dict[str, Member], version: int) -> None: ...
 
     def set_loss(self, code: LiveCode, version: int) -> None: ...
 
+    def check_reward(self, code: LiveCode, samples: list[RewardSample], timeout: float) -> list[float]: ...
+
+    def check_loss(self, code: LiveCode, probe: LossProbe, has_reference: bool, timeout: float) -> float: ...
+
+    def rescore(self, members: dict[str, Member], samples: list[RewardSample], timeout: float) -> Scores: ...
+
 
 def capture(kind: str, fn: Callable | str | LiveCode) -> LiveCode:
-    """A function, a cell's source or already captured code -> `LiveCode`."""
+    """A function or callable object, a cell's source or already captured code -> `LiveCode`."""
     if isinstance(fn, LiveCode):
         return fn
     if isinstance(fn, str):
         return from_source(kind, fn)
-    if callable(fn):
-        return from_function(kind, fn)
-    raise LiveCodeError(f"set_{kind} takes a function, a cell's source or version=N; got {type(fn).__name__}")
+    return capture_callable(kind, fn)
 
 
 class LiveCodeManager:
@@ -95,13 +103,12 @@ class LiveCodeManager:
 
     def ship(self, kind: str, members: dict[str, Member], version: int) -> None:
         """Make the set `members` live as `version` in every actor of `kind`."""
-        if self._targets is None:
-            raise LiveCodeError("live code: no actors to ship to (the session is down)")
+        targets = self._connected()
         with self._locks[kind]:
             if kind == "reward":
-                self._targets.set_rewards(members, version)
+                targets.set_rewards(members, version)
             else:
-                self._targets.set_loss(members["loss"].code, version)
+                targets.set_loss(members["loss"].code, version)
 
     def set(
         self,
@@ -198,20 +205,21 @@ class LiveCodeManager:
         return version
 
     def validate(self, kind: str, code: LiveCode) -> dict:
-        """Compile and run `code` on a probe batch of real samples -> validation record (raises CheckFailed)."""
+        """Run `code` on a probe batch of real samples in the checker -> validation record (raises CheckFailed)."""
+        targets = self._connected()
         start = time.perf_counter()
-        fn = run_with_timeout(lambda: compile_function(code), self.timeout_s)
         episodes = self.probe_episodes()
         if kind == "reward":
-            validate_reward(fn, list(reward_batch(episodes, self.host.step_count).samples()), self.timeout_s)
+            samples = list(reward_batch(episodes, self.host.step_count).samples())
+            targets.check_reward(code, samples, self.timeout_s)
         else:
-            if needs_ref(fn) and not self.host.has_reference:
-                raise CheckFailed(
-                    "the loss takes ref_logprobs, but no reference model runs: start the session with "
-                    "algorithm.kl_coef > 0 (e.g. forge_nb.up(kl_coef=0.04))"
-                )
-            validate_loss(fn, loss_probe(episodes), self.timeout_s)
+            targets.check_loss(code, loss_probe(episodes), self.host.has_reference, self.timeout_s)
         return {"seconds": time.perf_counter() - start, "probe_size": len(episodes), "error": None}
+
+    def _connected(self) -> LiveTargets:
+        if self._targets is None:
+            raise LiveCodeError("live code: no actors to check it in or ship it to (the session is down)")
+        return self._targets
 
     def probe_episodes(self) -> list[Episode]:
         """The most recent successfully scored samples; before the first rollout, fresh samples of
@@ -222,31 +230,21 @@ class LiveCodeManager:
 
     def rescore(self, reward: Callable | str | int, n: int) -> pd.DataFrame:
         """Old and new rewards of the last `n` samples; the live reward is not touched. `reward` is a
-        function (run here, as it is), a cell's source, or a reward version (its whole weighted set)."""
+        function or a cell's source (run in the checker, like a candidate) or a reward version (its
+        whole weighted set)."""
         if isinstance(reward, int) and not isinstance(reward, bool):
             members, label = self.registry.get("reward", reward).members, f"v{reward}"
-            fns = {
-                name: run_with_timeout(lambda m=m: compile_function(m.code), self.timeout_s)
-                for name, m in members.items()
-            }
-            weights = {name: m.weight for name, m in members.items()}
         else:
-            if isinstance(reward, str):
-                code, label = from_source("reward", reward), "candidate"
-                fn = run_with_timeout(lambda: compile_function(code), self.timeout_s)
-            else:  # a what-if never leaves the kernel
-                fn, label = reward, getattr(reward, "__name__", "candidate")
-            fns, weights = {label: fn}, {label: 1.0}
+            code = capture("reward", reward)
+            members, label = {"candidate": Member(code)}, "candidate" if isinstance(reward, str) else code.name
         episodes = self.host.recent_samples(n)
         samples = list(reward_batch(episodes, self.host.step_count).samples())
-        components, errors = {name: [None] * len(samples) for name in fns}, {}
-        budget = self.timeout_s * max(1, len(samples)) * len(fns)
-        run_with_timeout(lambda: score_members(fns, samples, components, errors), budget)
-        scores = Scores.combine(components, weights, errors, -1)
+        budget = self.timeout_s * max(1, len(samples)) * len(members)
+        scores = self._connected().rescore(members, samples, budget)
         columns = ["sample_id", "prompt", "completion", "target", "policy_version", "reward_version", "reward"]
         df = pd.DataFrame([e.row() for e in episodes], columns=columns)
         df["new_reward"] = [math.nan if r is None else r for r in scores.rewards]
-        df["new_error"] = [errors.get(i) for i in range(len(samples))]
+        df["new_error"] = [scores.errors.get(i) for i in range(len(samples))]
         df["delta"] = df["new_reward"] - df["reward"]
         df.attrs["new_reward"] = label
         return df

@@ -15,13 +15,14 @@ from typing import Any
 _waiter = ThreadPoolExecutor(max_workers=4, thread_name_prefix="forge_nb-wait")
 
 
-def wait(future: Any) -> Any:
-    """The result of a Monarch `Future` (its exception is raised here)."""
+def wait(future: Any, timeout: float | None = None) -> Any:
+    """The result of a Monarch `Future` (its exception is raised here; `TimeoutError` after
+    `timeout` s, the call going on where it runs)."""
     try:
         asyncio.get_running_loop()
     except RuntimeError:
-        return future.get()
-    return _waiter.submit(future.get).result()
+        return future.get(timeout)
+    return _waiter.submit(future.get, timeout).result()
 
 
 def shards(items: int, procs: int) -> list[slice]:

@@ -1,13 +1,20 @@
-"""Local mesh: one Monarch proc mesh per role on this host, stopped together."""
+"""Local mesh: one Monarch proc mesh per role on this host, stopped together, or one role replaced."""
 
 from __future__ import annotations
 
+import os
+import signal
+import time
 from typing import Any
 
+import psutil
 from monarch.actor import ProcMesh, this_host
 
 from forge_nb.mesh import quiet
 from forge_nb.mesh.calls import wait
+from forge_nb.mesh.supervision import FAULTS
+
+STOP_TIMEOUT_S = 20.0  # a proc whose actor is wedged (a live function spinning) stops by its cleanup deadline
 
 
 class LocalMesh:
@@ -27,6 +34,19 @@ class LocalMesh:
         self.proc_meshes[role] = proc_mesh
         return proc_mesh.spawn(role, actor_class, spec=spec)
 
+    def replace(self, role: str, actor_class: type, spec: Any, pids: list[int], procs: int = 1) -> Any:
+        """Stop `role`'s procs (even with an actor stuck in a call: Monarch's cleanup deadline, then
+        SIGKILL to any of `pids` still alive on this host) and start fresh ones -> the new actor mesh."""
+        old = self.proc_meshes.pop(role, None)
+        if old is not None:
+            with FAULTS.expecting(role):
+                try:
+                    old.stop().get(timeout=STOP_TIMEOUT_S)
+                except Exception:
+                    pass  # the kill below makes sure
+                _kill(pids)
+        return self.spawn(role, actor_class, spec, procs)
+
     def stop(self) -> list[str]:
         """Stop every proc mesh (each stop waits for its processes to exit) -> errors, if any."""
         errors = []
@@ -37,3 +57,23 @@ class LocalMesh:
                 errors.append(f"{role}: {e}")
         self.proc_meshes.clear()
         return errors
+
+
+def _kill(pids: list[int], timeout: float = 5.0) -> None:
+    """SIGKILL those of `pids` that still run on this host; wait until they are gone."""
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                os.kill(pid, signal.SIGKILL)
+        except (psutil.NoSuchProcess, ProcessLookupError):
+            pass
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and any(_alive(p) for p in pids):
+        time.sleep(0.05)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False

@@ -7,7 +7,11 @@ in order. Generator replicas always serve the same policy version; a disagreemen
 from __future__ import annotations
 
 import dataclasses
+import socket
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from monarch.actor import Future
@@ -22,10 +26,16 @@ from forge_nb.config import Config
 from forge_nb.engines.base import SamplingParams
 from forge_nb.live.capture import LiveCode
 from forge_nb.live.registry import Member
+from forge_nb.live.validate import LossProbe
+from forge_nb.mesh import supervision
 from forge_nb.mesh.calls import shards, wait
+from forge_nb.mesh.checker import ROLE as CHECKER
+from forge_nb.mesh.checker import Checker
 from forge_nb.mesh.local import LocalMesh
+from forge_nb.mesh.recovery import Supervised, cause_of
 from forge_nb.mesh.slurm import SlurmMesh
-from forge_nb.rewards.batch import RewardBatch, Scores
+from forge_nb.mesh.supervision import SupervisionError
+from forge_nb.rewards.batch import RewardBatch, RewardSample, Scores
 from forge_nb.rl.batch import TrainBatch
 from forge_nb.rl.episode import Episode
 from forge_nb.weights.refresh import RefreshReport
@@ -35,34 +45,88 @@ class ReplicaMismatch(RuntimeError):
     """Generator replicas answered with different policy versions."""
 
 
-class Roles:
-    """Generator replicas, the trainer, reward workers and (with ``algorithm.kl_coef > 0``) the
-    frozen reference model, each role in procs of its own on `mesh`, which they own."""
+Event = Callable[[str, str], None]  # (role, what happened): a proc replaced, ...
+
+
+@dataclass(frozen=True)
+class StartFrom:
+    """Where the actors start from when a session resumes: a checkpoint's weights and versions."""
+
+    trainer_dir: str
+    trainer_version: int
+    loss_version: int
+    generator_dir: str
+    generator_version: int
+    reward_version: int
+
+
+class Roles(Supervised):
+    """Generator replicas, the trainer, reward workers, the live-code checker and (with
+    ``algorithm.kl_coef > 0``) the frozen reference model, each role in procs of its own on `mesh`,
+    which they own. `on_event(role, what)` hears of every proc replaced. A role whose proc dies is
+    started afresh and the call issued again (`mesh.recovery.Supervised`)."""
 
     def __init__(
-        self, mesh: LocalMesh, config: Config, engine: str, pad_id: int, rewards: dict[str, Member], loss: LiveCode
+        self,
+        mesh: LocalMesh,
+        config: Config,
+        engine: str,
+        pad_id: int,
+        rewards: dict[str, Member],
+        loss: LiveCode,
+        on_event: Event | None = None,
+        start: StartFrom | None = None,
     ) -> None:
         m, self.mesh, self.kind = config.mesh, mesh, config.mesh.kind
+        self.on_event = on_event or (lambda role, what: None)
+        self.reward_timeout_s, self.threads = config.live.timeout_s, m.threads_per_proc
         self.info: dict[str, list[ActorInfo]] = {}  # filled by wait_ready
         self.weights_transport: str | None = None  # set by attach_weights
         self.engine, self.generator_procs, self.reward_procs = engine, m.generator_procs, m.reward_procs
-        self.generator = mesh.spawn(
-            "generator", Generator, GeneratorSpec.from_config(config, engine), procs=m.generator_procs
-        )
-        self.trainer = mesh.spawn("trainer", Trainer, TrainerSpec.from_config(config, pad_id, loss))
-        reward_spec = RewardSpec(rewards, 0, config.live.timeout_s, m.threads_per_proc)
+        self.transport = config.weights.transport
+        self._faults_seen, self._respawned_at = len(supervision.FAULTS), {}
+        self.restore_from: Callable[[], Path | None] | None = None  # the last checkpoint, to restore a trainer
+        self._generator_spec = GeneratorSpec.from_config(config, engine)
+        self._trainer_spec = TrainerSpec.from_config(config, pad_id, loss)
+        reward_version = 0
+        if start is not None:
+            self._generator_spec = dataclasses.replace(
+                self._generator_spec, model_dir=start.generator_dir, version=start.generator_version
+            )
+            self._trainer_spec = dataclasses.replace(
+                self._trainer_spec, resume_from=start.trainer_dir, loss_version=start.loss_version
+            )
+            reward_version = start.reward_version
+        self.served_version = self._generator_spec.version  # what the generators serve
+        self.trained_version = start.trainer_version if start else 0  # what the trainer published last
+        self.generator = mesh.spawn("generator", Generator, self._generator_spec, procs=m.generator_procs)
+        self.trainer = mesh.spawn("trainer", Trainer, self._trainer_spec)
+        self._reward_set = (rewards, reward_version)  # the live set, for replacement procs
+        reward_spec = RewardSpec(rewards, reward_version, config.live.timeout_s, m.threads_per_proc)
         self.rewards = mesh.spawn("reward", RewardWorker, reward_spec, procs=m.reward_procs)
         self.reference = None
+        self._reference_spec = ReferenceSpec.from_config(config, pad_id)
         if config.algorithm.kl_coef > 0:
-            self.reference = mesh.spawn("reference", Reference, ReferenceSpec.from_config(config, pad_id))
+            self.reference = mesh.spawn("reference", Reference, self._reference_spec)
+        self.checker = Checker(mesh, 1, self._checker_replaced)
 
     @classmethod
-    def start(cls, config: Config, engine: str, pad_id: int, rewards: dict[str, Member], loss: LiveCode) -> Roles:
+    def start(
+        cls,
+        config: Config,
+        engine: str,
+        pad_id: int,
+        rewards: dict[str, Member],
+        loss: LiveCode,
+        on_event: Event | None = None,
+        start: StartFrom | None = None,
+    ) -> Roles:
         """Start the mesh (this host's procs, or a Slurm job's nodes: `SlurmError` if that fails) and
         spawn every role on it; returns before the actors' constructors finish (`wait_ready`)."""
+        supervision.install()  # failures reach the session, not the kernel's main thread
         mesh = LocalMesh() if config.mesh.kind == "local" else SlurmMesh(config.slurm)
         try:
-            return cls(mesh, config, engine, pad_id, rewards, loss)
+            return cls(mesh, config, engine, pad_id, rewards, loss, on_event, start)
         except BaseException:
             mesh.stop()
             raise
@@ -96,14 +160,25 @@ class Roles:
         roles = {"generator": self.generator, "trainer": self.trainer, "reward": self.rewards}
         if self.reference is not None:
             roles["reference"] = self.reference
+
         ready = {}
         with tqdm(total=len(roles), desc="forge_nb up: starting actors", leave=False) as bar:
             for role, actors in roles.items():
                 bar.set_postfix_str(f"generator ({self.engine} engine)" if role == "generator" else role)
                 ready[role] = list(wait(actors.ready.call()).values())
                 bar.update()
+        ready[CHECKER] = self.checker.ready()
         self.info = ready
         return ready
+
+    def _checker_replaced(self, why: str) -> None:
+        self.info[CHECKER] = self.checker.info
+        self.on_event(CHECKER, f"replaced: {why}")
+
+    def local_pids(self, role: str) -> list[int]:
+        """Pids of `role`'s procs that run on this host (those a replacement may have to kill)."""
+        here = socket.gethostname()
+        return [i.pid for i in self.info.get(role, []) if i.hostname == here]
 
     def attach_weights(self, transport: str) -> str:
         """Point every generator at the trainer's published weights -> the transport(s) they chose."""
@@ -116,6 +191,9 @@ class Roles:
     def generate(self, prompts: list[str], sampling: SamplingParams) -> Generation:
         """Split the prompts over the generator replicas -> completions in prompt order, the policy
         version, and the slowest replica's seconds."""
+        return self._supervised("generator", lambda: self._generate(prompts, sampling))
+
+    def _generate(self, prompts: list[str], sampling: SamplingParams) -> Generation:
         parts = shards(len(prompts), self.generator_procs)
         futures = [
             self.generator.slice(procs=i).generate.call_one(prompts[part], _replica_sampling(sampling, i))
@@ -129,10 +207,18 @@ class Roles:
         return Generation(completions, versions.pop(), max(r.seconds for r in results))
 
     def score(self, batch: RewardBatch) -> list[tuple[slice, Scores]]:
-        """Split the batch evenly over the reward workers -> (which samples, their scores) per shard."""
+        """Split the batch evenly over the reward workers -> (which samples, their scores) per shard.
+        When a reward ran past its timeout, the reward procs are replaced before this returns."""
         parts = shards(len(batch), self.reward_procs)
-        futures = [self.rewards.slice(procs=i).score.call_one(batch.shard(part)) for i, part in enumerate(parts)]
-        return [(part, wait(future)) for part, future in zip(parts, futures)]
+
+        def call() -> list[tuple[slice, Scores]]:
+            futures = [self.rewards.slice(procs=i).score.call_one(batch.shard(p)) for i, p in enumerate(parts)]
+            return [(part, wait(future)) for part, future in zip(parts, futures)]
+
+        results = self._supervised("reward", call)
+        if any(scores.timed_out for _, scores in results):
+            self.replace_rewards(f"reward v{results[0][1].reward_version} ran past its timeout")
+        return results
 
     def reference_logprobs(self, episodes: list[Episode]) -> Future | None:
         """Ask the reference model for the episodes' logprobs; wait on the future (None: no reference)."""
@@ -140,14 +226,19 @@ class Roles:
             return None
         return self.reference.logprobs.call_one([e.prompt_ids for e in episodes], [e.completion_ids for e in episodes])
 
-    @staticmethod
-    def attach_reference(episodes: list[Episode], reference: Future | None) -> float:
-        """Wait for `reference_logprobs` and store them on the episodes -> seconds waited."""
+    def attach_reference(self, episodes: list[Episode], reference: Future | None) -> float:
+        """Wait for `reference_logprobs` and store them on the episodes -> seconds waited (asked
+        again of a fresh reference proc if the first one died)."""
         if reference is None:
             return 0.0
         start = time.perf_counter()
-        for e, logprobs in zip(episodes, wait(reference)):
-            e.ref_logprobs = logprobs
+        try:
+            logprobs = wait(reference)
+        except SupervisionError as e:
+            self.respawn("reference", cause_of(e))
+            logprobs = wait(self.reference_logprobs(episodes))
+        for e, row in zip(episodes, logprobs):
+            e.ref_logprobs = row
         return time.perf_counter() - start
 
     def train_step(self, episodes: list[Episode]) -> TrainResult:
@@ -156,14 +247,48 @@ class Roles:
         if self.reference is not None:
             missing = [e for e in episodes if e.ref_logprobs is None]
             self.attach_reference(missing, self.reference_logprobs(missing))
-        return wait(self.trainer.train_step.call_one(TrainBatch.of(episodes, self.reference is not None)))
+        batch = TrainBatch.of(episodes, self.reference is not None)
+        result = self._supervised("trainer", lambda: wait(self.trainer.train_step.call_one(batch)))
+        self.trained_version = result.policy_version
+        return result
 
     def refresh(self, version: int) -> RefreshReport:
         """Every generator replica loads published `version` (in parallel)."""
+        report = self._supervised("generator", lambda: self._refresh(version))
+        self.served_version = report.version
+        return report
+
+    def _refresh(self, version: int) -> RefreshReport:
         return RefreshReport.combine(list(wait(self.generator.refresh.call(version)).values()))
+
+    def save_weights(self, folder: Path, generator_too: bool) -> None:
+        """The trainer's state into folder/trainer; the served weights into folder/generator when they
+        are not the trainer's (the torch engine only)."""
+        wait(self.trainer.save_state.call_one(str(folder / "trainer")))
+        if generator_too:
+            wait(self.generator.slice(procs=0).save_weights.call_one(str(folder / "generator")))
 
     def set_rewards(self, members: dict[str, Member], version: int) -> None:
         wait(self.rewards.set_rewards.call(members, version))
+        self._reward_set = (members, version)
+
+    def replace_rewards(self, why: str) -> None:
+        """Fresh reward procs with the live reward set (a reward hung or spun in the old ones: stopping
+        them is the only way to stop it)."""
+        spec = RewardSpec(*self._reward_set, self.reward_timeout_s, self.threads)
+        old = self.local_pids("reward")
+        self.rewards = self.mesh.replace("reward", RewardWorker, spec, old, procs=self.reward_procs)
+        self.info["reward"] = list(wait(self.rewards.ready.call()).values())
+        self.on_event("reward", f"procs {old} replaced by {self.pids['reward']}: {why}")
+
+    def check_reward(self, code: LiveCode, samples: list[RewardSample], timeout: float) -> list[float]:
+        return self.checker.check_reward(code, samples, timeout)
+
+    def check_loss(self, code: LiveCode, probe: LossProbe, has_reference: bool, timeout: float) -> float:
+        return self.checker.check_loss(code, probe, has_reference, timeout)
+
+    def rescore(self, members: dict[str, Member], samples: list[RewardSample], timeout: float) -> Scores:
+        return self.checker.score(members, samples, timeout)
 
     def set_loss(self, code: LiveCode, version: int) -> None:
         wait(self.trainer.set_loss.call_one(code, version))

@@ -6,6 +6,8 @@ this kernel (`%forge up` or `forge_nb.up()` in a cell), and survives cell re-run
 
 from __future__ import annotations
 
+import ast
+
 from IPython.core.magic import Magics, line_cell_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
@@ -59,12 +61,15 @@ class ForgeMagics(Magics):
         args = parse_argstring(self._cell, rest)
         if kind == "loss" and (args.name or args.weight is not None):
             raise ForgeMagicError("%%forge loss takes no --name or --weight (the loss is one function)")
-        self.shell.run_cell(cell, store_history=False)  # the function is usable in the kernel too
+        # The cell runs here first (its function is usable in the kernel too); what travels is that
+        # function with what it reads (`live.closure`), or the cell's text if it did not run.
+        ran = self.shell.run_cell(cell, store_history=False)
+        code = _last_function(cell, self.shell.user_ns) if ran.success else None
         session = _session()
         if kind == "loss":
-            print(f"loss v{session.set_loss(cell)} is live (from the next batch)")
+            print(f"loss v{session.set_loss(code or cell)} is live (from the next batch)")
             return None
-        version = session.set_reward(cell, name=args.name, weight=args.weight)
+        version = session.set_reward(code or cell, name=args.name, weight=args.weight)
         member = session.registry.live("reward").members[args.name or "reward"]
         print(f"reward v{version} is live (from the next batch): {args.name or 'reward'} with weight {member.weight:g}")
         return None
@@ -143,6 +148,16 @@ class ForgeMagics(Magics):
         if session is not None:
             session.down()
             print("forge_nb: every proc stopped")
+
+
+def _last_function(cell: str, namespace: dict):
+    """The function the cell's last top-level ``def`` bound, as it is in the kernel now (None if none)."""
+    try:
+        names = [n.name for n in ast.parse(cell).body if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)]
+    except SyntaxError:
+        return None
+    fn = namespace.get(names[-1]) if names else None
+    return fn if callable(fn) else None
 
 
 def _session():

@@ -35,7 +35,10 @@ def make_live(s, kind: str, manifest: dict) -> dict[str, str]:
         sources[name] = source
         if member["builtin"] and member["weight"] == 1.0:
             continue
-        code = LiveCode(kind, member["function"], source, f"{member['file']} (notebook v{meta['version']})")
+        origin = f"{member['file']} (notebook v{meta['version']})"
+        code = LiveCode(
+            kind, member["function"], source, origin, paths=tuple(member["paths"]), reload=tuple(member["reload"])
+        )
         if kind == "loss":
             s.set_loss(code)
         else:

@@ -90,6 +90,7 @@ class Scores:
     errors: dict[int, str] = field(default_factory=dict)
     reward_version: int = 0
     components: dict[str, list[float | None]] = field(default_factory=dict)
+    timed_out: bool = False  # a reward ran past its deadline: it may still be running where it was called
 
     @classmethod
     def combine(

@@ -1,6 +1,6 @@
 import pytest
 
-from forge_nb.live.capture import LiveCodeError, compile_function, definitions, from_function, from_source
+from forge_nb.live.capture import LiveCodeError, compile_function, definitions, from_source
 
 CELL = """
 import math
@@ -45,15 +45,15 @@ def test_a_cell_without_a_function_is_refused():
         from_source("loss", "x = 1\n")
 
 
-def _module_level_reward(prompt, completion, target, **context):
-    return float(len(completion) > 0)
-
-
-def test_from_function_ships_the_definitions_of_its_module():
-    code = from_function("reward", _module_level_reward)
-    assert code.origin.startswith("test_capture.py:")
-    assert "def _module_level_reward" in code.source and "import pytest" in code.source
-    assert compile_function(code)("p", "c", "t") == 1.0
+def test_a_cell_that_starts_the_session_keeps_only_its_definitions():
+    cell = (
+        "import forge_nb\nfrom forge_nb.rewards import answer_match\n\n"
+        "s = forge_nb.up(engine='torch')\nLIMIT = 3\nok = answer_match\n\n"
+        "def reward(prompt, completion, target, **context):\n    return ok(completion, target) * LIMIT\n"
+    )
+    body = from_source("reward", cell).source
+    assert "forge_nb.up" not in body and "LIMIT = 3" in body and "ok = answer_match" in body
+    assert compile_function(from_source("reward", cell))("p", "42", "42") == 3.0
 
 
 def test_forge_decorators_are_dropped_and_others_kept():

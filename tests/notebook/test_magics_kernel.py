@@ -85,13 +85,13 @@ def test_every_magic_runs(kernel, tmp_path):
 def test_background_run_advances_while_other_cells_execute(kernel):
     kernel.ok("from forge_nb.mesh import lifecycle; s = lifecycle.current(); start = s.step_count")
     kernel.ok("%forge run")
-    seen = []
-    for _ in range(20):  # other cells keep executing while the run steps
-        seen.append(int(kernel.ok("print(s.step_count - start)").strip()))
-        if seen[-1] >= 3:
-            break
+    seen = [int(kernel.ok("print(s.step_count - start)").strip())]
+    for _ in range(40):  # other cells keep executing while the run steps
         time.sleep(0.3)
-    assert seen[-1] >= 3 and seen[0] < seen[-1]
+        seen.append(int(kernel.ok("print(s.step_count - start)").strip()))
+        if seen[-1] >= 3 and seen[-1] > seen[0]:
+            break
+    assert seen[-1] >= 3 and seen[0] < seen[-1], seen
     kernel.ok("%forge pause")
     time.sleep(1.0)
     paused = int(kernel.ok("print(s.step_count)").strip())
@@ -122,3 +122,29 @@ def test_down_then_kernel_shutdown_leave_no_process():
         k.manager.shutdown_kernel(now=False)
     gone, alive = psutil.wait_procs(procs, timeout=30)
     assert alive == []
+
+
+def test_a_cell_that_starts_the_session_and_defines_the_reward_starts_one_mesh():
+    k = Kernel()
+    try:
+        out = k.ok(
+            "import psutil, forge_nb\n"
+            "s = forge_nb.up(prompts_per_step=2, group_size=2, threads_per_proc=1)\n"
+            "LIMIT = 2\n"
+            "def reward(prompt, completion, target, **context):\n"
+            "    return float(len(completion) <= LIMIT)\n"
+            "before = len(psutil.Process().children(recursive=True))\n"
+            "print('version', s.set_reward(reward), before == len(psutil.Process().children(recursive=True)))\n"
+        )
+        assert "version 1 True" in out
+        k.ok("%load_ext forge_nb")
+        k.ok("THRESHOLD = len('abc')  # computed in another cell: its value travels")
+        cell = "def short(prompt, completion, target, **context):\n    return float(len(completion) < THRESHOLD)\n"
+        out = k.ok("%%forge reward\n" + cell)
+        assert "reward v2 is live" in out
+        assert "THRESHOLD = 3" in k.ok("print(s.registry.live('reward').code.source)")
+        k.ok("r = s.rollout(); assert all(e.reward == float(len(e.completion) < 3) for e in r.episodes)")
+        k.ok("%forge down")
+    finally:
+        k.client.stop_channels()
+        k.manager.shutdown_kernel(now=True)
