@@ -103,7 +103,7 @@ class _Closure:
             return
         self._seen.add(id(cls))
         text = _class_definition(cls, self.kind)
-        namespace = vars(sys.modules[cls.__module__]) if cls.__module__ in sys.modules else {}
+        namespace = _class_globals(cls)
         for name in sorted(_free_names(text) - {cls.__name__}):
             self.need(name, namespace.get(name, _MISSING), owner=cls.__name__)
         self.definitions[cls.__name__] = text
@@ -318,3 +318,14 @@ def _only_literals(value: Any, depth: int = 0) -> bool:
 def _instance_name(cls: type) -> str:
     """The name a callable object is bound to in its source: its class name in snake case."""
     return "_".join(re.findall(r"[A-Z]?[a-z0-9]+|[A-Z]+(?![a-z])", cls.__name__)).lower() or "live_object"
+
+
+def _class_globals(cls: type) -> dict[str, Any]:
+    """The globals `cls`'s methods read: their own `__globals__` (right for a script run with runpy, where
+    `sys.modules["__main__"]` is someone else), else its module's."""
+    for attr in vars(cls).values():
+        fn = getattr(attr, "__func__", attr)
+        if isinstance(fn, types.FunctionType):
+            return fn.__globals__
+    module = sys.modules.get(cls.__module__)
+    return vars(module) if module is not None else {}

@@ -7,6 +7,7 @@ at most `max_hz` times per second in one `batch_update`, never one redraw per po
 from __future__ import annotations
 
 import html
+import math
 import threading
 from typing import Any
 
@@ -14,12 +15,15 @@ import ipywidgets as widgets
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from forge_nb.notebook.explorer import Explorer
+from forge_nb.notebook.fit_width import fit_width
+
 PHASES = ("generate_s", "score_s", "reference_s", "train_s", "refresh_s")  # stacked: their sum ~ step time
-TRACES = ["mean_reward", "accuracy", "tokens_per_s", *PHASES, "refresh_gbps"]
 
 
 class Dashboard:
-    """Reward / accuracy, tokens/s, time per phase, refresh GB/s; versions and staleness; buttons."""
+    """Reward / accuracy, tokens/s, time per phase, refresh GB/s; versions and staleness; buttons; below,
+    the sample explorer, opened on a step by clicking a point of the reward curve."""
 
     def __init__(self, session, max_hz: float = 4.0) -> None:
         self.session = session
@@ -33,7 +37,16 @@ class Dashboard:
         self.step_button.on_click(lambda _: self._guard(lambda: session.step(1)))
         self.sync_button.on_click(lambda _: self._guard(session.sync))
         buttons = widgets.HBox([self.run_button, self.step_button, self.sync_button])
-        self.widget = widgets.VBox([widgets.HBox([buttons, self.versions]), self.message, self.figure])
+        self.explorer = Explorer(session, figure=self.figure, on_show=self._open_samples)
+        self.samples = widgets.Accordion([self.explorer.widget], titles=["Samples: click a point of the reward curve"])
+        self.samples.selected_index = None
+        self.widget = fit_width(
+            widgets.VBox(
+                [widgets.HBox([buttons, self.versions]), self.message, self.figure, self.samples],
+                layout={"width": "100%"},
+            ),
+            [self.figure],
+        )
         self.widget.add_class("forge-dashboard")
         self._pending: list[dict[str, Any]] = []
         self._lock = threading.Lock()
@@ -44,6 +57,10 @@ class Dashboard:
         self._unsubscribe = session.metrics_stream.subscribe(self._on_row)
         self.redraw()
         threading.Thread(target=self._ticker, name="forge_nb-dashboard", daemon=True).start()
+
+    def _open_samples(self, step: int) -> None:
+        self.samples.set_title(0, f"Samples of step {step}")
+        self.samples.selected_index = 0
 
     def _on_row(self, row: dict[str, Any]) -> None:
         if row["kind"] in ("step", "sync", "train"):
@@ -65,6 +82,8 @@ class Dashboard:
                 for trace in self.figure.data:
                     trace.x = (*trace.x, *(r["step"] for r in rows))
                     trace.y = (*trace.y, *(r[trace.meta] for r in rows))
+                # Whole steps only, about ten ticks (plotly would otherwise label 1.5 as "2" next to 2).
+                self.figure.update_xaxes(dtick=max(1, math.ceil(len(self.figure.data[0].x) / 10)))
         self.versions.value = self._versions_html()
         self.run_button.description = "Pause" if self._run_state() == "running" else "Run"
 
@@ -117,24 +136,45 @@ class Dashboard:
         self._unsubscribe()
 
 
+#: Each plot's traces, labelled in a legend of its own in that plot's top-left corner.
+PLOTS = {
+    (1, 1): ("reward and accuracy", ["mean_reward", "accuracy"]),
+    (1, 2): ("generated tokens/s", ["tokens_per_s"]),
+    (2, 1): ("time per phase (s)", list(PHASES)),
+    (2, 2): ("refresh GB/s", ["refresh_gbps"]),
+}
+
+
 def _figure() -> go.FigureWidget:
     fig = make_subplots(
         rows=2,
         cols=2,
-        horizontal_spacing=0.08,
-        vertical_spacing=0.16,
-        subplot_titles=("reward and accuracy", "generated tokens/s", "time per phase (s)", "refresh GB/s"),
+        horizontal_spacing=0.06,
+        vertical_spacing=0.14,
+        subplot_titles=[title for title, _ in PLOTS.values()],
     )
-    placement = {"mean_reward": (1, 1), "accuracy": (1, 1), "tokens_per_s": (1, 2), "refresh_gbps": (2, 2)}
-    placement.update({p: (2, 1) for p in PHASES})
-    for name in TRACES:
-        row, col = placement[name]
-        kwargs = {"stackgroup": "phases"} if name in PHASES else {}
-        if name == "accuracy":  # equals mean_reward under the built-in reward: keep both visible
-            kwargs["line"] = {"dash": "dot"}
-        label = name.removesuffix("_s") if name in PHASES else name
-        fig.add_trace(go.Scatter(x=[], y=[], name=label, meta=name, mode="lines", **kwargs), row, col)
-    fig.update_layout(height=520, margin={"l": 40, "r": 10, "t": 40, "b": 30}, legend={"orientation": "h", "y": -0.08})
+    legends = {}
+    for i, ((row, col), (_, names)) in enumerate(PLOTS.items()):
+        legend = "legend" if i == 0 else f"legend{i + 1}"
+        axis = fig.get_subplot(row, col)
+        legends[legend] = {
+            "x": axis.xaxis.domain[0] + 0.005,
+            "y": axis.yaxis.domain[1] - 0.005,
+            "xanchor": "left",
+            "yanchor": "top",
+            "bgcolor": "rgba(255, 255, 255, 0.7)",
+            "font": {"size": 11},
+        }
+        for name in names:
+            kwargs = {"stackgroup": "phases"} if name in PHASES else {}
+            if name == "accuracy":  # equals mean_reward under the built-in reward: keep both visible
+                kwargs["line"] = {"dash": "dot"}
+            mode = "lines+markers" if name == "mean_reward" else "lines"  # its points open a step's samples
+            label = name.removesuffix("_s") if name in PHASES else name.replace("_", " ")
+            trace = go.Scatter(x=[], y=[], name=label, meta=name, mode=mode, legend=legend, **kwargs)
+            fig.add_trace(trace, row, col)
+    # No fixed width: the figure takes the cell's width (JupyterLab's output area), with its legends.
+    fig.update_layout(height=560, autosize=True, margin={"l": 50, "r": 20, "t": 40, "b": 40}, **legends)
     fig.update_xaxes(tickformat="d")
     fig.update_xaxes(title_text="step", row=2)
     return go.FigureWidget(fig)
