@@ -96,6 +96,7 @@ class Session:
         rewards, loss = self.live_code.registry.members("reward"), self.live_code.live("loss").code
         try:
             self.actors = Roles.start(cfg, self.engine_name, self.tokenizer.pad_token_id, rewards, loss, self._event)
+            self.actors.judges.connect(self.metrics_stream)  # "judge" rows: the judge's calls and timings
             lifecycle.register(self)  # after the spawns: our exit hook then runs before the ones Monarch adds
             self.actors.wait_ready()
             self.actors.attach_weights(cfg.weights.transport)

@@ -29,6 +29,7 @@ from forge_nb.mesh import supervision
 from forge_nb.mesh.calls import shards, wait
 from forge_nb.mesh.checker import ROLE as CHECKER
 from forge_nb.mesh.checker import Checker
+from forge_nb.mesh.judges import JudgePool
 from forge_nb.mesh.local import LocalMesh
 from forge_nb.mesh.slurm import SlurmMesh
 from forge_nb.rewards.batch import RewardBatch, RewardSample, Scores
@@ -76,6 +77,7 @@ class Roles:
         if config.algorithm.kl_coef > 0:
             self.reference = mesh.spawn("reference", Reference, ReferenceSpec.from_config(config, pad_id))
         self.checker = Checker(mesh, 1, self._checker_replaced)
+        self.judges = JudgePool(self, config)  # judge actors, started when a reward first asks one
 
     @classmethod
     def start(
@@ -177,6 +179,7 @@ class Roles:
         results = [(part, wait(future)) for part, future in zip(parts, futures)]
         if any(scores.timed_out for _, scores in results):
             self.replace_rewards(f"reward v{results[0][1].reward_version} ran past its timeout")
+        self.judges.observe(batch.step, [scores for _, scores in results])
         return results
 
     def reference_logprobs(self, episodes: list[Episode]) -> Future | None:
@@ -218,16 +221,17 @@ class Roles:
         old = self.local_pids("reward")
         self.rewards = self.mesh.replace("reward", RewardWorker, spec, old, procs=self.reward_procs)
         self.info["reward"] = list(wait(self.rewards.ready.call()).values())
+        self.judges.attach(self.rewards)
         self.on_event("reward", f"procs {old} replaced by {self.pids['reward']}: {why}")
 
     def check_reward(self, code: LiveCode, samples: list[RewardSample], timeout: float) -> list[float]:
-        return self.checker.check_reward(code, samples, timeout)
+        return self.judges.serve(lambda: self.checker.check_reward(code, samples, timeout))
 
     def check_loss(self, code: LiveCode, probe: LossProbe, has_reference: bool, timeout: float) -> float:
         return self.checker.check_loss(code, probe, has_reference, timeout)
 
     def rescore(self, members: dict[str, Member], samples: list[RewardSample], timeout: float) -> Scores:
-        return self.checker.score(members, samples, timeout)
+        return self.judges.serve(lambda: self.checker.score(members, samples, timeout))
 
     def set_loss(self, code: LiveCode, version: int) -> None:
         wait(self.trainer.set_loss.call_one(code, version))
