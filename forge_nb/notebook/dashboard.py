@@ -14,11 +14,13 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 PHASES = ("generate_s", "score_s", "reference_s", "train_s", "refresh_s")  # stacked: their sum ~ step time
-TRACES = ["mean_reward", "accuracy", "tokens_per_s", *PHASES, "refresh_gbps"]
+JUDGE = ("verdicts_per_s", "latency_s")  # from "judge" rows: the judge's own throughput, and wait per call
+TRACES = ["mean_reward", "accuracy", "tokens_per_s", *PHASES, "refresh_gbps", *JUDGE]
 
 
 class Dashboard:
-    """Reward / accuracy, tokens/s, time per phase, refresh GB/s; versions and staleness; buttons."""
+    """Reward / accuracy, tokens/s, time per phase, refresh GB/s, judge verdicts/s and latency;
+    versions and staleness; buttons."""
 
     def __init__(self, session, max_hz: float = 4.0) -> None:
         self.session = session
@@ -38,14 +40,15 @@ class Dashboard:
         self._lock = threading.Lock()
         self._period = 1.0 / max_hz
         self._closed = threading.Event()
-        for row in session.metrics_stream.rows("step"):
-            self._pending.append(row)
+        for row in session.metrics_stream.rows():
+            if row["kind"] in ("step", "judge"):
+                self._pending.append(row)
         self._unsubscribe = session.metrics_stream.subscribe(self._on_row)
         self.redraw()
         threading.Thread(target=self._ticker, name="forge_nb-dashboard", daemon=True).start()
 
     def _on_row(self, row: dict[str, Any]) -> None:
-        if row["kind"] in ("step", "sync", "train"):
+        if row["kind"] in ("step", "judge"):
             with self._lock:
                 self._pending.append(row)
 
@@ -58,12 +61,13 @@ class Dashboard:
     def redraw(self) -> None:
         """Draw queued rows (one batch update) and refresh the version line."""
         with self._lock:
-            rows, self._pending = [r for r in self._pending if r["kind"] == "step"], []
+            rows, self._pending = self._pending, []
         if rows:
             with self.figure.batch_update():
                 for trace in self.figure.data:
-                    trace.x = (*trace.x, *(r["step"] for r in rows))
-                    trace.y = (*trace.y, *(r[trace.meta] for r in rows))
+                    mine = [r for r in rows if r["kind"] == ("judge" if trace.meta in JUDGE else "step")]
+                    trace.x = (*trace.x, *(r["step"] for r in mine))
+                    trace.y = (*trace.y, *(r[trace.meta] for r in mine))
         self.versions.value = self._versions_html()
         self.run_button.description = "Pause" if self._run_state() == "running" else "Run"
 
@@ -112,22 +116,30 @@ class Dashboard:
 
 def _figure() -> go.FigureWidget:
     fig = make_subplots(
-        rows=2,
+        rows=3,
         cols=2,
         horizontal_spacing=0.08,
-        vertical_spacing=0.16,
-        subplot_titles=("reward and accuracy", "generated tokens/s", "time per phase (s)", "refresh GB/s"),
+        vertical_spacing=0.11,
+        subplot_titles=(
+            "reward and accuracy",
+            "generated tokens/s",
+            "time per phase (s)",
+            "refresh GB/s",
+            "judge verdicts/s",
+            "judge latency per call (s)",
+        ),
     )
     placement = {"mean_reward": (1, 1), "accuracy": (1, 1), "tokens_per_s": (1, 2), "refresh_gbps": (2, 2)}
+    placement.update({"verdicts_per_s": (3, 1), "latency_s": (3, 2)})
     placement.update({p: (2, 1) for p in PHASES})
     for name in TRACES:
         row, col = placement[name]
         kwargs = {"stackgroup": "phases"} if name in PHASES else {}
         if name == "accuracy":  # equals mean_reward under the built-in reward: keep both visible
             kwargs["line"] = {"dash": "dot"}
-        label = name.removesuffix("_s") if name in PHASES else name
+        label = name.removesuffix("_s") if name in PHASES else f"judge {name}" if name in JUDGE else name
         fig.add_trace(go.Scatter(x=[], y=[], name=label, meta=name, mode="lines", **kwargs), row, col)
-    fig.update_layout(height=520, margin={"l": 40, "r": 10, "t": 40, "b": 30}, legend={"orientation": "h", "y": -0.08})
+    fig.update_layout(height=720, margin={"l": 40, "r": 10, "t": 40, "b": 30}, legend={"orientation": "h", "y": -0.08})
     fig.update_xaxes(tickformat="d")
-    fig.update_xaxes(title_text="step", row=2)
+    fig.update_xaxes(title_text="step", row=3)
     return go.FigureWidget(fig)
