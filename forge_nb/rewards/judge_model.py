@@ -109,7 +109,9 @@ class JudgeModel:
         """Logits at the last position of each prompt, left-padded into one forward pass -> [b, V]."""
         input_ids, mask = self._left_padded(prompts)
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        return self.model(input_ids=input_ids, attention_mask=mask, position_ids=positions).logits[:, -1]
+        # logits_to_keep=1: the LM head (a fifth of SmolLM2-135M's weights) runs on the last position only
+        out = self.model(input_ids=input_ids, attention_mask=mask, position_ids=positions, logits_to_keep=1)
+        return out.logits[:, -1]
 
     def _left_padded(self, prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
         """Token ids and attention mask, [b, width] each, on the model's device."""
