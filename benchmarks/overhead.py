@@ -2,8 +2,8 @@
 
 Both sides do identical work per step -- generate P x G samples with the torch engine, score them
 with the task verifier, group-relative advantages, one GRPO optimizer step (both run each prompt once
-for its group and leave the zero-advantage rows out of the forward/backward), copy the new weights into the generator -- on the
-bundled model, with the same seeds and torch thread budget. The plain
+for its group and leave the zero-advantage rows out of the forward/backward), copy the new weights into
+the generator -- on the bundled model, with the same seeds and torch thread budget. The plain
 loop copies weights with a memcpy; the mesh moves them over Monarch RDMA between procs.
 Blocks of steps alternate between the two so machine noise hits both alike.
 
@@ -25,8 +25,8 @@ from forge_nb.config import Config
 from forge_nb.engines.torch_engine import TorchEngine
 from forge_nb.live.builtin import builtin_loss
 from forge_nb.rl.advantages import group_relative
-from forge_nb.rl.prefix_batch import collate_prefix
 from forge_nb.rl.losses import grpo_loss
+from forge_nb.rl.prefix_batch import collate_prefix
 from forge_nb.rl.train_step import policy_step
 from forge_nb.tasks import make_task
 

@@ -23,6 +23,13 @@ def up(config: Config | None = None, **overrides: Any):
     return Session.up(config, **overrides)
 
 
+def resume(path, **overrides: Any):
+    """A session that goes on exactly where the checkpoint at `path` was (see `Session.restore`)."""
+    from forge_nb.session import Session
+
+    return Session.restore(path, **overrides)
+
+
 def _current_session():
     from forge_nb.mesh import lifecycle
 
@@ -51,4 +58,4 @@ def load_ipython_extension(ipython) -> None:
     load(ipython)
 
 
-__all__ = ["Config", "ConfigError", "load_ipython_extension", "loss", "reward", "up", "__version__"]
+__all__ = ["Config", "ConfigError", "load_ipython_extension", "loss", "resume", "reward", "up", "__version__"]

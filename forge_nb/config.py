@@ -242,6 +242,21 @@ class EvalConfig:
 
 
 @dataclass
+class CheckpointConfig:
+    """Periodic checkpoints (`Session.save` writes one any time) and what a trainer failure does."""
+
+    every: int = 0  # save every this many trained steps during step() / run() (0: only when asked)
+    dir: str = ""  # where periodic checkpoints go ("": forge_runs/<run id>/checkpoints, in the working directory)
+    keep: int = 3  # periodic checkpoints kept (the oldest are deleted); 0 keeps all
+    on_trainer_failure: str = "stop"  # "stop": a clear error; "restore": from the last checkpoint, and go on
+
+    def validate(self) -> None:
+        _at_least("checkpoint.every", self.every, 0)
+        _at_least("checkpoint.keep", self.keep, 0)
+        _choice("checkpoint.on_trainer_failure", self.on_trainer_failure, ("stop", "restore"))
+
+
+@dataclass
 class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     task: TaskConfig = field(default_factory=TaskConfig)
@@ -252,6 +267,7 @@ class Config:
     weights: WeightsConfig = field(default_factory=WeightsConfig)
     slurm: SlurmConfig = field(default_factory=SlurmConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     seed: int = 0
 
     def validate(self) -> Config:
@@ -296,7 +312,7 @@ class Config:
         return new.validate()
 
 
-_SECTIONS = ("model", "task", "engine", "mesh", "algorithm", "live", "weights", "slurm", "eval")
+_SECTIONS = ("model", "task", "engine", "mesh", "algorithm", "live", "weights", "slurm", "eval", "checkpoint")
 # A section given as a plain string sets its main field: model="smollm2-135m-instruct", engine="vllm", task="addition".
 _MAIN_FIELD = {"model": "path", "engine": "name", "task": "name"}
 

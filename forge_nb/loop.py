@@ -58,6 +58,10 @@ class StepDriver(Protocol):
         """Evaluate on the held-out prompts if `eval.every` steps have passed since the last time."""
         ...
 
+    def maybe_checkpoint(self) -> Any:
+        """Write a checkpoint if `checkpoint.every` steps have passed since the last one."""
+        ...
+
 
 @dataclass(frozen=True)
 class StepRow:
@@ -133,6 +137,7 @@ def sync_step(driver: StepDriver) -> StepRow:
         row = StepRow.of(driver.step_count, "sync", rollout, train, refresh["version"], staleness, seconds, refresh)
         driver.metrics_stream.emit("step", **row.as_dict())
         driver.maybe_evaluate()
+        driver.maybe_checkpoint()
     return row
 
 
@@ -299,6 +304,7 @@ class AsyncRun(RunControl):
             now = time.perf_counter()
             row = StepRow.of(d.step_count, "async", rollout, train, d.generator_version, staleness, now - last)
             d.metrics_stream.emit("step", **row.as_dict())
+            d.maybe_checkpoint()  # both sides held: waits for the rollout in flight
             last = now
         self._stop.set()
 

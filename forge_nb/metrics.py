@@ -19,8 +19,8 @@ class MetricsStream:
     Units: seconds for ``*_s``, tokens per second for ``tokens_per_s``, GB/s (1e9 bytes) for ``*gbps``.
     """
 
-    def __init__(self) -> None:
-        self._rows: list[dict[str, Any]] = []
+    def __init__(self, rows: list[dict[str, Any]] | None = None) -> None:
+        self._rows: list[dict[str, Any]] = list(rows or [])  # a checkpoint's, when resuming
         self._subscribers: list[Subscriber] = []
         self._lock = threading.Lock()
 

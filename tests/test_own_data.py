@@ -19,7 +19,7 @@ def s():
         prompts_per_step=4,
         group_size=4,
         threads_per_proc=1,
-        every=2,
+        eval={"every": 2},
     )
     yield session
     session.down()

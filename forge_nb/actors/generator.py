@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 from monarch.actor import endpoint
+from safetensors.torch import save_file
 
 from forge_nb.actors.base import AsyncForgeActor
 from forge_nb.config import Config
@@ -25,6 +27,7 @@ class GeneratorSpec:
     threads: int
     engine: str = "torch"
     engine_options: dict = field(default_factory=dict)  # vLLM's: max_model_len, seed, kv_cache_mb, ...
+    version: int = 0  # the policy version `model_dir` holds (a checkpoint's, when resuming)
 
     @classmethod
     def from_config(cls, config: Config, engine: str) -> GeneratorSpec:
@@ -63,7 +66,7 @@ class Generator(AsyncForgeActor):
         self._begin(spec.threads)
         self.engine = load_engine(spec.engine, spec.model_dir, getattr(torch, spec.dtype), **spec.engine_options)
         self.receiver: WeightReceiver | None = None
-        self.version = 0
+        self.version = spec.version
         self._ready(engine=spec.engine)
 
     @endpoint
@@ -78,6 +81,15 @@ class Generator(AsyncForgeActor):
         -> the transport chosen ("shm" on the trainer's host, else "rdma")."""
         self.receiver = WeightReceiver(manifest, version=self.version, transport=transport)
         return self.receiver.transport
+
+    @endpoint
+    async def save_weights(self, path: str) -> int:
+        """Write the weights served now as `path`/model.safetensors (HF names: the torch engine only;
+        vLLM keeps its own fused layout) -> their policy version."""
+        Path(path).mkdir(parents=True, exist_ok=True)
+        tensors = {name: t.contiguous() for name, t in self.engine.named_weights()}
+        save_file(tensors, str(Path(path) / "model.safetensors"), metadata={"format": "pt"})
+        return self.version
 
     @endpoint
     async def refresh(self, version: int) -> RefreshReport:

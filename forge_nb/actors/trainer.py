@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from monarch.actor import endpoint
@@ -18,6 +19,8 @@ from forge_nb.rl.prefix_batch import completion_logprobs
 from forge_nb.rl.train_step import NonFiniteGradient, policy_step
 from forge_nb.weights.manifest import WeightManifest, checksum
 from forge_nb.weights.publish import WeightPublisher
+
+STATE_FILE = "trainer_state.pt"
 
 
 class LossFailed(RuntimeError):
@@ -39,6 +42,8 @@ class TrainerSpec:
     temperature: float
     serve_dtype: str
     chunk_mb: int
+    resume_from: str = ""  # a checkpoint's trainer/ folder (`save_state`): weights, optimizer, RNG, versions
+    loss_version: int = 0
 
     @classmethod
     def from_config(cls, config: Config, pad_id: int, loss: LiveCode) -> TrainerSpec:
@@ -80,13 +85,14 @@ class Trainer(ForgeActor):
         self._begin(spec.threads)
         torch.manual_seed(0)
         self.device = torch.device(spec.device)
-        model = AutoModelForCausalLM.from_pretrained(spec.model_dir, dtype=getattr(torch, spec.dtype))
+        source = spec.resume_from or spec.model_dir
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=getattr(torch, spec.dtype))
         self.model = model.to(self.device)
         self.algorithm = spec.algorithm
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=spec.algorithm.lr, weight_decay=0.0)
-        self._use_loss(spec.loss, 0)
+        self._use_loss(spec.loss, spec.loss_version)
         self.pad_id, self.temperature = spec.pad_id, spec.temperature
-        self.version = 0
+        self.version = self._load_state(spec.resume_from) if spec.resume_from else 0
         serve_dtype = getattr(torch, spec.serve_dtype)
         self.publisher = WeightPublisher(self.model.named_parameters(), self.version, serve_dtype, spec.chunk_mb)
         self._ready(device=spec.device)
@@ -145,6 +151,21 @@ class Trainer(ForgeActor):
         """Write the current weights as an HF model directory (config.json + safetensors) -> version."""
         self.model.save_pretrained(path)
         return self.version
+
+    @endpoint
+    def save_state(self, path: str) -> int:
+        """Write what resuming needs exactly: the weights (HF directory) and, beside them,
+        `trainer_state.pt` with the optimizer state, the RNG state and the policy version -> version."""
+        self.model.save_pretrained(path)
+        state = {"optimizer": self.optimizer.state_dict(), "rng": torch.get_rng_state(), "version": self.version}
+        torch.save(state, Path(path) / STATE_FILE)
+        return self.version
+
+    def _load_state(self, path: str) -> int:
+        state = torch.load(Path(path) / STATE_FILE, map_location=self.device, weights_only=True)
+        self.optimizer.load_state_dict(state["optimizer"])
+        torch.set_rng_state(state["rng"])
+        return state["version"]
 
     # -- diagnostics: for tests and debugging, never on the training path ----------------------
 

@@ -10,7 +10,7 @@ loss is a set of one member, "loss".
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 import pandas as pd
 
@@ -116,6 +116,23 @@ class Registry:
         known = [r.version for r in self.records if r.kind == kind and r.version is not None]
         raise KeyError(f"no {kind} version {version}; known versions: {known}")
 
+    def to_records(self) -> dict:
+        """Every record and which version of each kind is live, as JSON-able data (for checkpoints)."""
+        records = []
+        for r in self.records:
+            members = {n: {"code": asdict(m.code), "weight": m.weight} for n, m in r.members.items()}
+            records.append({**asdict(r), "code": asdict(r.code), "members": members})
+        return {"records": records, "live": dict(self._live)}
+
+    @classmethod
+    def from_records(cls, data: dict) -> Registry:
+        registry = cls()
+        for r in data["records"]:
+            members = {n: Member(_code(m["code"]), m["weight"]) for n, m in r["members"].items()}
+            registry.records.append(VersionRecord(**{**r, "code": _code(r["code"]), "members": members}))
+        registry._live = dict(data["live"])
+        return registry
+
     def to_pandas(self, kind: str | None = None) -> pd.DataFrame:
         rows = [
             {
@@ -140,3 +157,7 @@ class Registry:
         if not df.empty:
             df["version"] = df["version"].astype("Int64")  # rejected candidates have none
         return df
+
+
+def _code(fields: dict) -> LiveCode:
+    return LiveCode(**{**fields, "paths": tuple(fields["paths"]), "reload": tuple(fields["reload"])})

@@ -67,7 +67,7 @@ class Checker:
         slack = JUDGE_SLACK_S if self.judges else ANSWER_SLACK_S
         result: CheckResult = self._wait(self.actor.check_reward.call_one(code, samples, timeout), timeout, slack)
         if result.timed_out:
-            self._replace(f"a check ran past its {timeout:g} s timeout")
+            self.replace(f"a check ran past its {timeout:g} s timeout")
             raise CheckFailed(f"{result.error}; the process that ran it was replaced")
         if result.judge_problems:
             raise JudgeNeeded(result.error, result.judge_problems)
@@ -96,12 +96,13 @@ class Checker:
         try:
             return wait(future, timeout + slack)
         except TimeoutError:
-            self._replace(f"a check ran past its {timeout:g} s timeout")
+            self.replace(f"a check ran past its {timeout:g} s timeout")
             raise CheckFailed(
                 f"did not return within the {timeout:g} s timeout (hangs?); the process that ran it was replaced"
             ) from None
 
-    def _replace(self, why: str) -> None:
+    def replace(self, why: str) -> None:
+        """Fresh checker procs (the judges attached to the old ones attached to them too)."""
         spec = LiveCheckSpec(self.spec.threads, self.judges)
         self.actor = self.mesh.replace(ROLE, LiveCheck, spec, self.pids)
         self.ready()

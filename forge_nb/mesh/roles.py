@@ -10,6 +10,8 @@ import dataclasses
 import socket
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from monarch.actor import Future
@@ -31,7 +33,9 @@ from forge_nb.mesh.checker import ROLE as CHECKER
 from forge_nb.mesh.checker import Checker
 from forge_nb.mesh.judges import JudgePool
 from forge_nb.mesh.local import LocalMesh
+from forge_nb.mesh.recovery import Supervised, cause_of
 from forge_nb.mesh.slurm import SlurmMesh
+from forge_nb.mesh.supervision import SupervisionError
 from forge_nb.rewards.batch import RewardBatch, RewardSample, Scores
 from forge_nb.rl.batch import TrainBatch
 from forge_nb.rl.episode import Episode
@@ -45,10 +49,23 @@ class ReplicaMismatch(RuntimeError):
 Event = Callable[[str, str], None]  # (role, what happened): a proc replaced, ...
 
 
-class Roles:
+@dataclass(frozen=True)
+class StartFrom:
+    """Where the actors start from when a session resumes: a checkpoint's weights and versions."""
+
+    trainer_dir: str
+    trainer_version: int
+    loss_version: int
+    generator_dir: str
+    generator_version: int
+    reward_version: int
+
+
+class Roles(Supervised):
     """Generator replicas, the trainer, reward workers, the live-code checker and (with
     ``algorithm.kl_coef > 0``) the frozen reference model, each role in procs of its own on `mesh`,
-    which they own. `on_event(role, what)` hears of every proc replaced."""
+    which they own. `on_event(role, what)` hears of every proc replaced. A role whose proc dies is
+    started afresh and the call issued again (`mesh.recovery.Supervised`)."""
 
     def __init__(
         self,
@@ -59,6 +76,7 @@ class Roles:
         rewards: dict[str, Member],
         loss: LiveCode,
         on_event: Event | None = None,
+        start: StartFrom | None = None,
     ) -> None:
         m, self.mesh, self.kind = config.mesh, mesh, config.mesh.kind
         self.on_event = on_event or (lambda role, what: None)
@@ -66,16 +84,31 @@ class Roles:
         self.info: dict[str, list[ActorInfo]] = {}  # filled by wait_ready
         self.weights_transport: str | None = None  # set by attach_weights
         self.engine, self.generator_procs, self.reward_procs = engine, m.generator_procs, m.reward_procs
-        self.generator = mesh.spawn(
-            "generator", Generator, GeneratorSpec.from_config(config, engine), procs=m.generator_procs
-        )
-        self.trainer = mesh.spawn("trainer", Trainer, TrainerSpec.from_config(config, pad_id, loss))
-        self._reward_set = (rewards, 0)  # the live set, for replacement procs
-        reward_spec = RewardSpec(rewards, 0, config.live.timeout_s, m.threads_per_proc)
+        self.transport = config.weights.transport
+        self._faults_seen, self._respawned_at = len(supervision.FAULTS), {}
+        self.restore_from: Callable[[], Path | None] | None = None  # the last checkpoint, to restore a trainer
+        self._generator_spec = GeneratorSpec.from_config(config, engine)
+        self._trainer_spec = TrainerSpec.from_config(config, pad_id, loss)
+        reward_version = 0
+        if start is not None:
+            self._generator_spec = dataclasses.replace(
+                self._generator_spec, model_dir=start.generator_dir, version=start.generator_version
+            )
+            self._trainer_spec = dataclasses.replace(
+                self._trainer_spec, resume_from=start.trainer_dir, loss_version=start.loss_version
+            )
+            reward_version = start.reward_version
+        self.served_version = self._generator_spec.version  # what the generators serve
+        self.trained_version = start.trainer_version if start else 0  # what the trainer published last
+        self.generator = mesh.spawn("generator", Generator, self._generator_spec, procs=m.generator_procs)
+        self.trainer = mesh.spawn("trainer", Trainer, self._trainer_spec)
+        self._reward_set = (rewards, reward_version)  # the live set, for replacement procs
+        reward_spec = RewardSpec(rewards, reward_version, config.live.timeout_s, m.threads_per_proc)
         self.rewards = mesh.spawn("reward", RewardWorker, reward_spec, procs=m.reward_procs)
         self.reference = None
+        self._reference_spec = ReferenceSpec.from_config(config, pad_id)
         if config.algorithm.kl_coef > 0:
-            self.reference = mesh.spawn("reference", Reference, ReferenceSpec.from_config(config, pad_id))
+            self.reference = mesh.spawn("reference", Reference, self._reference_spec)
         self.checker = Checker(mesh, 1, self._checker_replaced)
         self.judges = JudgePool(self, config)  # judge actors, started when a reward first asks one
 
@@ -88,13 +121,14 @@ class Roles:
         rewards: dict[str, Member],
         loss: LiveCode,
         on_event: Event | None = None,
+        start: StartFrom | None = None,
     ) -> Roles:
         """Start the mesh (this host's procs, or a Slurm job's nodes: `SlurmError` if that fails) and
         spawn every role on it; returns before the actors' constructors finish (`wait_ready`)."""
         supervision.install()  # failures reach the session, not the kernel's main thread
         mesh = LocalMesh() if config.mesh.kind == "local" else SlurmMesh(config.slurm)
         try:
-            return cls(mesh, config, engine, pad_id, rewards, loss, on_event)
+            return cls(mesh, config, engine, pad_id, rewards, loss, on_event, start)
         except BaseException:
             mesh.stop()
             raise
@@ -159,6 +193,9 @@ class Roles:
     def generate(self, prompts: list[str], sampling: SamplingParams) -> Generation:
         """Split the prompts over the generator replicas -> completions in prompt order, the policy
         version, and the slowest replica's seconds."""
+        return self._supervised("generator", lambda: self._generate(prompts, sampling))
+
+    def _generate(self, prompts: list[str], sampling: SamplingParams) -> Generation:
         parts = shards(len(prompts), self.generator_procs)
         futures = [
             self.generator.slice(procs=i).generate.call_one(prompts[part], _replica_sampling(sampling, i))
@@ -175,8 +212,12 @@ class Roles:
         """Split the batch evenly over the reward workers -> (which samples, their scores) per shard.
         When a reward ran past its timeout, the reward procs are replaced before this returns."""
         parts = shards(len(batch), self.reward_procs)
-        futures = [self.rewards.slice(procs=i).score.call_one(batch.shard(part)) for i, part in enumerate(parts)]
-        results = [(part, wait(future)) for part, future in zip(parts, futures)]
+
+        def call() -> list[tuple[slice, Scores]]:
+            futures = [self.rewards.slice(procs=i).score.call_one(batch.shard(p)) for i, p in enumerate(parts)]
+            return [(part, wait(future)) for part, future in zip(parts, futures)]
+
+        results = self._supervised("reward", call)
         if any(scores.timed_out for _, scores in results):
             self.replace_rewards(f"reward v{results[0][1].reward_version} ran past its timeout")
         self.judges.observe(batch.step, [scores for _, scores in results])
@@ -188,14 +229,19 @@ class Roles:
             return None
         return self.reference.logprobs.call_one([e.prompt_ids for e in episodes], [e.completion_ids for e in episodes])
 
-    @staticmethod
-    def attach_reference(episodes: list[Episode], reference: Future | None) -> float:
-        """Wait for `reference_logprobs` and store them on the episodes -> seconds waited."""
+    def attach_reference(self, episodes: list[Episode], reference: Future | None) -> float:
+        """Wait for `reference_logprobs` and store them on the episodes -> seconds waited (asked
+        again of a fresh reference proc if the first one died)."""
         if reference is None:
             return 0.0
         start = time.perf_counter()
-        for e, logprobs in zip(episodes, wait(reference)):
-            e.ref_logprobs = logprobs
+        try:
+            logprobs = wait(reference)
+        except SupervisionError as e:
+            self.respawn("reference", cause_of(e))
+            logprobs = wait(self.reference_logprobs(episodes))
+        for e, row in zip(episodes, logprobs):
+            e.ref_logprobs = row
         return time.perf_counter() - start
 
     def train_step(self, episodes: list[Episode]) -> TrainResult:
@@ -204,11 +250,26 @@ class Roles:
         if self.reference is not None:
             missing = [e for e in episodes if e.ref_logprobs is None]
             self.attach_reference(missing, self.reference_logprobs(missing))
-        return wait(self.trainer.train_step.call_one(TrainBatch.of(episodes, self.reference is not None)))
+        batch = TrainBatch.of(episodes, self.reference is not None)
+        result = self._supervised("trainer", lambda: wait(self.trainer.train_step.call_one(batch)))
+        self.trained_version = result.policy_version
+        return result
 
     def refresh(self, version: int) -> RefreshReport:
         """Every generator replica loads published `version` (in parallel)."""
+        report = self._supervised("generator", lambda: self._refresh(version))
+        self.served_version = report.version
+        return report
+
+    def _refresh(self, version: int) -> RefreshReport:
         return RefreshReport.combine(list(wait(self.generator.refresh.call(version)).values()))
+
+    def save_weights(self, folder: Path, generator_too: bool) -> None:
+        """The trainer's state into folder/trainer; the served weights into folder/generator when they
+        are not the trainer's (the torch engine only)."""
+        wait(self.trainer.save_state.call_one(str(folder / "trainer")))
+        if generator_too:
+            wait(self.generator.slice(procs=0).save_weights.call_one(str(folder / "generator")))
 
     def set_rewards(self, members: dict[str, Member], version: int) -> None:
         wait(self.rewards.set_rewards.call(members, version))

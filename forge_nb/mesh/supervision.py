@@ -17,6 +17,9 @@ from dataclasses import dataclass
 
 import monarch.actor
 
+# What a call on an actor whose proc died raises (Monarch 0.7 exports no public name for it).
+from monarch._rust_bindings.monarch_hyperactor.supervision import SupervisionError  # noqa: F401
+
 
 @dataclass(frozen=True)
 class Fault:
@@ -44,6 +47,7 @@ class FaultLog:
             self._faults.append(Fault(time.time(), mesh, role, message))
 
     def since(self, seen: int) -> list[Fault]:
+        """The faults recorded after the first `seen`."""
         with self._lock:
             return self._faults[seen:]
 

@@ -6,6 +6,7 @@ at most `max_hz` times per second in one `batch_update`, never one redraw per po
 
 from __future__ import annotations
 
+import html
 import threading
 from typing import Any
 
@@ -79,6 +80,12 @@ class Dashboard:
         run = s.background
         state = self._run_state() or "idle"
         error = f" <span style='color:#b00'>{run.error.splitlines()[0]}</span>" if run and run.error else ""
+        events = s.metrics_stream.rows("event")
+        if events:  # the latest supervision event: a proc respawned or replaced, a trainer restored
+            e = events[-1]
+            error += (
+                f" <span class='forge-event' style='color:#a60'>&middot; {e['role']}: {html.escape(e['what'])}</span>"
+            )
         return (
             f"<span class='forge-versions'>policy <b class='forge-policy-generator'>v{generator}</b> serving"
             f" / v{trainer} trained (staleness {trainer - generator})"

@@ -71,6 +71,15 @@ class Addition:
     def known_problems(self) -> list[Problem]:
         return self.eval_set()
 
+    def state(self) -> dict:
+        """The training stream's random state (JSON-able)."""
+        version, internal, gauss = self._rng.getstate()
+        return {"rng": [version, list(internal), gauss]}
+
+    def load_state(self, state: dict) -> None:
+        version, internal, gauss = state["rng"]
+        self._rng.setstate((version, tuple(internal), gauss))
+
     def verify(self, completion: str, target: str) -> float:
         return exact_match(completion, target)
 

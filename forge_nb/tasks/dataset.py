@@ -19,6 +19,9 @@ from forge_nb.rewards.answers import answer_match
 from forge_nb.tasks.base import Problem
 from forge_nb.tasks.data import DataError, load_splits
 
+#: Column names of `DatasetTask.rows` (what a checkpoint stores), unlike any column of the user's data.
+ROW_PROMPT, ROW_ANSWER, ROW_ID = "_forge_prompt", "_forge_answer", "_forge_prompt_id"
+
 #: Keywords a reward already receives; a column with one of these names would shadow it.
 RESERVED = ("prompt", "completion", "target", "step", "policy_version", "sample_id", "prompt_id")
 
@@ -69,6 +72,18 @@ class DatasetTask:
 
     def known_problems(self) -> list[Problem]:
         return self.train + self.held_out
+
+    def state(self) -> dict:
+        """The epoch, the position in it and its order (JSON-able)."""
+        return {"epoch": self.epoch, "position": self.position, "order": list(self._order)}
+
+    def load_state(self, state: dict) -> None:
+        self.epoch, self.position, self._order = state["epoch"], state["position"], list(state["order"])
+
+    def rows(self, split: str) -> list[dict]:
+        """The problems of `split` ("train" or "eval") back as rows, under the `ROW_*` column names."""
+        problems = self.train if split == "train" else self.held_out
+        return [{**p.extras, ROW_PROMPT: p.prompt, ROW_ANSWER: p.target, ROW_ID: p.prompt_id} for p in problems]
 
     def verify(self, completion: str, target: str) -> float:
         """The final answer (boxed, else the last number, else the text) against the target."""

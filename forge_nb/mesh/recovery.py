@@ -1,0 +1,118 @@
+"""Supervision of the session's roles: a proc that died is started afresh and the call issued again.
+
+Before each call, a role whose proc Monarch reported dead (`mesh.supervision.FAULTS`) is started
+afresh; a call that fails because its actor's proc died starts the role afresh and is issued once
+more. A new generator attaches to the published weights and loads the policy version it served; new
+reward workers get the live reward set (`Roles.replace_rewards`); a new reference model loads the
+frozen weights; a new checker is just started. Work is deterministic given its seed, so the call
+issued again makes the same samples. The trainer holds state no other proc has: it is restored from
+the last checkpoint when `checkpoint.on_trainer_failure` is "restore", else its death is `TrainerLost`.
+
+`Supervised` is a part of `mesh.roles.Roles` (it uses the role meshes, specs and versions Roles keeps).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from monarch.actor import ActorError
+
+from forge_nb.actors.generator import Generator
+from forge_nb.actors.reference import Reference
+from forge_nb.actors.trainer import Trainer
+from forge_nb.mesh import supervision
+from forge_nb.mesh.calls import wait
+from forge_nb.mesh.checker import ROLE as CHECKER
+from forge_nb.mesh.supervision import SupervisionError
+from forge_nb.weights.refresh import RefreshError
+
+
+class TrainerLost(RuntimeError):
+    """The trainer's proc died; its weights and optimizer state went with it."""
+
+
+class Supervised:
+    """Healing, respawning and re-issuing, for `Roles`."""
+
+    def _supervised(self, role: str, call: Callable[[], Any]) -> Any:
+        """`call()`, after healing the roles Monarch reported dead; once more if `role` died during it."""
+        self.heal()
+        try:
+            return call()
+        except SupervisionError as e:
+            self.respawn(role, cause_of(e))
+            return call()
+
+    def heal(self) -> None:
+        """Start afresh every role whose proc Monarch reported dead since it was last started."""
+        faults = supervision.FAULTS.since(self._faults_seen)
+        self._faults_seen += len(faults)
+        for fault in faults:
+            if fault.role in self.info and fault.time > self._respawned_at.get(fault.role, 0.0):
+                self.respawn(fault.role, fault.message.splitlines()[-1].strip())
+
+    def respawn(self, role: str, cause: str) -> None:
+        """Replace `role`'s procs and bring the new actors to where the old ones were."""
+        if role == "trainer":
+            return self._restore_trainer(cause)
+        old = self.local_pids(role)
+        self._respawned_at[role] = time.time()
+        if role == "reward":
+            return self.replace_rewards(f"respawned after {cause}")
+        if role == CHECKER:
+            return self.checker.replace(f"respawned after {cause}")
+        if role == "reference":
+            self.reference = self.mesh.replace(role, Reference, self._reference_spec, old)
+            self.info[role] = list(wait(self.reference.ready.call()).values())
+        elif role == "generator":
+            self._respawn_generator(old)
+        self.on_event(role, f"procs {old} died ({cause}); respawned as {self.pids[role]}")
+
+    def _restore_trainer(self, cause: str) -> None:
+        """A new trainer from the last checkpoint (checkpoint.on_trainer_failure="restore"), the
+        generators attached to its weights; else `TrainerLost`."""
+        checkpoint = self.restore_from() if self.restore_from is not None else None
+        if checkpoint is None:
+            how = "" if self.restore_from else " (or set checkpoint.on_trainer_failure='restore' and checkpoint.every)"
+            raise TrainerLost(
+                f"the trainer's proc died ({cause}) with the weights and optimizer state of policy version "
+                f"{self.trained_version}; start again from a checkpoint: forge_nb.resume(path){how}"
+            )
+        old, lost = self.local_pids("trainer"), self.trained_version
+        self._respawned_at["trainer"] = time.time()
+        spec = dataclasses.replace(self._trainer_spec, resume_from=str(Path(checkpoint) / "trainer"))
+        self.trainer = self.mesh.replace("trainer", Trainer, spec, old)
+        self.info["trainer"] = list(wait(self.trainer.ready.call()).values())
+        self.trained_version = wait(self.trainer.checksum.call_one())[0]
+        manifest = wait(self.trainer.weights_manifest.call_one())
+        wait(self.generator.attach.call(manifest, self.transport))
+        wait(self.trainer.unlink_shared_memory.call_one())
+        self.served_version = self._refresh(self.trained_version).version
+        self.on_event(
+            "trainer",
+            f"procs {old} died ({cause}) at policy v{lost}; restored v{self.trained_version} from {checkpoint}",
+        )
+
+    def _respawn_generator(self, old: list[int]) -> None:
+        """New generators, attached to the published weights and refreshed to the version served."""
+        spec = self._generator_spec
+        self.generator = self.mesh.replace("generator", Generator, spec, old, procs=self.generator_procs)
+        self.info["generator"] = list(wait(self.generator.ready.call()).values())
+        manifest = wait(self.trainer.weights_manifest.call_one())
+        wait(self.generator.attach.call(manifest, "rdma" if self.transport == "shm" else self.transport))
+        try:
+            self._refresh(self.served_version)
+        except ActorError as e:
+            if not isinstance(e.exception, RefreshError):
+                raise
+            # The trainer published two versions since (async): that one is overwritten; serve the newest.
+            self.served_version = self._refresh(self.trained_version).version
+
+
+def cause_of(error: Exception) -> str:
+    """The last line of Monarch's report: "the process this actor was running on failed: Killed(sig=9)"."""
+    return str(error).strip().splitlines()[-1].strip()
