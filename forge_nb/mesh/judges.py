@@ -3,9 +3,12 @@
 One judge actor per model, each in a proc of its own ("judge" for the first model, "judge-2", ...):
 started by `serve` when the checker reports that a candidate reward asked a judge that is not
 running, then attached to every proc that runs rewards (the reward workers, the checker; again
-after either is replaced), replaced when a call to it timed out or failed, and stopped with the
-mesh. The judge traffic the reward procs measure comes back with their scores (`Scores.judge`) and
-goes to the metrics stream as one "judge" row per scored batch (`observe`), for the dashboard.
+after either is replaced), replaced when a call to it timed out or failed or when Monarch reports
+its proc dead (`respawn`, as every role is: `mesh.recovery`), and stopped with the mesh. A batch
+that a judge could not answer is scored again once the judge runs (`mesh.roles.Roles.score`), so
+a judge lost mid-run (or not yet started, after a resume) costs time, not samples. The judge
+traffic the reward procs measure comes back with their scores (`Scores.judge`) and goes to the
+metrics stream as one "judge" row per scored batch (`observe`), for the dashboard.
 """
 
 from __future__ import annotations
@@ -14,6 +17,8 @@ import socket
 import threading
 from collections.abc import Callable
 from typing import Any, Protocol
+
+import psutil
 
 from forge_nb.actors.base import ActorInfo
 from forge_nb.actors.judge import JudgeActor, JudgeSpec
@@ -111,18 +116,31 @@ class JudgePool:
         wait(self.host.rewards.attach_judges.call(handle))
         self.host.checker.attach_judges(handle)
 
-    def observe(self, step: int, scores: list[Scores]) -> None:
+    def observe(self, step: int, scores: list[Scores]) -> bool:
         """After a batch was scored: its judge traffic as one "judge" row, and judges that could not
-        answer started or replaced for the next batch (their samples stay failed in this one)."""
+        answer started or replaced -> whether every one of those now runs (then the caller scores the
+        batch again; otherwise its samples stay failed, saying why, and the run goes on)."""
         traffic = sum((s.judge for s in scores), JudgeStats())
         if traffic.calls and self.emit is not None:
             self.emit("judge", step=step, models=",".join(sorted(self.actors)), **traffic.row())
         problems = {model: problem for s in scores for model, problem in s.judge_problems.items()}
+        restored = bool(problems)
         for model, problem in problems.items():
             try:
                 self.fix(model, problem)
-            except Exception as e:  # the run goes on; its samples fail and say why
+            except Exception as e:
                 self.host.on_event(ROLE, f"could not restore the judge {model!r} ({problem}): {e}")
+                restored = False
+        return restored
+
+    def respawn(self, cause: str) -> None:
+        """Monarch reported a judge proc dead (`mesh.recovery.Supervised.heal`): replace the judges
+        whose procs are gone (every judge when some of its procs run on another host, out of sight)."""
+        with self._lock:
+            for model, infos in list(self.infos.items()):
+                here = [i.pid for i in infos if i.hostname == socket.gethostname()]
+                if len(here) < len(infos) or not all(_running(pid) for pid in here):
+                    self.replace(model, f"respawned after {cause}")
 
     def pids(self, model: str) -> list[int]:
         return [i.pid for i in self.infos.get(model, [])]
@@ -134,3 +152,10 @@ class JudgePool:
         self.actors[model], self.infos[model] = actor, infos
         self.host.info[ROLE] = [i for infos in self.infos.values() for i in infos]
         self.attach_everywhere(model)
+
+
+def _running(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False

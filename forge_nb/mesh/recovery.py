@@ -4,8 +4,10 @@ Before each call, a role whose proc Monarch reported dead (`mesh.supervision.FAU
 afresh; a call that fails because its actor's proc died starts the role afresh and is issued once
 more. A new generator attaches to the published weights and loads the policy version it served; new
 reward workers get the live reward set (`Roles.replace_rewards`); a new reference model loads the
-frozen weights; a new checker is just started. Work is deterministic given its seed, so the call
-issued again makes the same samples. The trainer holds state no other proc has: it is restored from
+frozen weights; a new checker is just started; a new judge loads its model and is attached to the
+reward procs and the checker (`mesh.judges.JudgePool.respawn`; a batch whose judge died mid-call is
+scored again, `Roles.score`). Work is deterministic given its seed, so the call issued again makes
+the same samples. The trainer holds state no other proc has: it is restored from
 the last checkpoint when `checkpoint.on_trainer_failure` is "restore", else its death is `TrainerLost`.
 
 `Supervised` is a part of `mesh.roles.Roles` (it uses the role meshes, specs and versions Roles keeps).
@@ -27,6 +29,7 @@ from forge_nb.actors.trainer import Trainer
 from forge_nb.mesh import supervision
 from forge_nb.mesh.calls import wait
 from forge_nb.mesh.checker import ROLE as CHECKER
+from forge_nb.mesh.judges import ROLE as JUDGE
 from forge_nb.mesh.supervision import SupervisionError
 from forge_nb.weights.refresh import RefreshError
 
@@ -65,6 +68,8 @@ class Supervised:
             return self.replace_rewards(f"respawned after {cause}")
         if role == CHECKER:
             return self.checker.replace(f"respawned after {cause}")
+        if role == JUDGE:
+            return self.judges.respawn(cause)
         if role == "reference":
             self.reference = self.mesh.replace(role, Reference, self._reference_spec, old)
             self.info[role] = list(wait(self.reference.ready.call()).values())

@@ -210,17 +210,21 @@ class Roles(Supervised):
 
     def score(self, batch: RewardBatch) -> list[tuple[slice, Scores]]:
         """Split the batch evenly over the reward workers -> (which samples, their scores) per shard.
-        When a reward ran past its timeout, the reward procs are replaced before this returns."""
+        When a reward ran past its timeout, the reward procs are replaced before this returns. When a
+        judge a reward asked could not answer (its proc died, it hung, it was not running yet), it is
+        started afresh and the batch scored once more, as a call to a dead proc is (`mesh.recovery`)."""
         parts = shards(len(batch), self.reward_procs)
 
         def call() -> list[tuple[slice, Scores]]:
             futures = [self.rewards.slice(procs=i).score.call_one(batch.shard(p)) for i, p in enumerate(parts)]
             return [(part, wait(future)) for part, future in zip(parts, futures)]
 
-        results = self._supervised("reward", call)
-        if any(scores.timed_out for _, scores in results):
-            self.replace_rewards(f"reward v{results[0][1].reward_version} ran past its timeout")
-        self.judges.observe(batch.step, [scores for _, scores in results])
+        for _ in range(2):  # the second time only after judges that could not answer were restored
+            results = self._supervised("reward", call)
+            if any(scores.timed_out for _, scores in results):
+                self.replace_rewards(f"reward v{results[0][1].reward_version} ran past its timeout")
+            if not self.judges.observe(batch.step, [scores for _, scores in results]):
+                break
         return results
 
     def reference_logprobs(self, episodes: list[Episode]) -> Future | None:

@@ -5,6 +5,7 @@ import threading
 import time
 
 import pytest
+import torch
 
 import forge_nb.rewards.judge_client as judge_client
 from forge_nb.live.deadline import wait_for
@@ -136,3 +137,12 @@ def test_the_judge_model_reads_choices_and_generates():
     assert texts[0].startswith("2") and answer.tokens > 0
     with pytest.raises(ValueError, match="no first token of their own"):
         model.choice_tokens(("Yes", "No"))
+
+
+def test_a_verdict_reads_the_last_position_of_each_left_padded_message():
+    model = JudgeModel.load(BUNDLED_MODEL)
+    ids = [model.tokenizer(text)["input_ids"] for text in ("12+35=", "1+1=")]
+    last = model._last_logits(ids)  # one forward pass, the shorter message left-padded, the LM head on one position
+    for row, prompt in enumerate(ids):
+        alone = model.model(input_ids=torch.tensor([prompt])).logits[0, -1]
+        assert torch.allclose(last[row], alone, atol=1e-4)
