@@ -44,22 +44,30 @@ class Supervised:
     def _supervised(self, role: str, call: Callable[[], Any]) -> Any:
         """`call()`, after healing the roles Monarch reported dead; once more if `role` died during it."""
         self.heal()
+        started = time.time()
         try:
             return call()
         except SupervisionError as e:
-            self.respawn(role, cause_of(e))
+            with self._recovering:
+                if self._respawned_at.get(role, 0.0) < started:  # else another thread has just respawned it
+                    self.respawn(role, cause_of(e))
             return call()
 
     def heal(self) -> None:
         """Start afresh every role whose proc Monarch reported dead since it was last started."""
-        faults = supervision.FAULTS.since(self._faults_seen)
-        self._faults_seen += len(faults)
-        for fault in faults:
-            if fault.role in self.info and fault.time > self._respawned_at.get(fault.role, 0.0):
-                self.respawn(fault.role, fault.message.splitlines()[-1].strip())
+        with self._recovering:  # an async run heals from two threads: each dead role is respawned once
+            faults = supervision.FAULTS.since(self._faults_seen)
+            self._faults_seen += len(faults)
+            for fault in faults:
+                if fault.role in self.info and fault.time > self._respawned_at.get(fault.role, 0.0):
+                    self.respawn(fault.role, fault.message.splitlines()[-1].strip())
 
     def respawn(self, role: str, cause: str) -> None:
         """Replace `role`'s procs and bring the new actors to where the old ones were."""
+        with self._recovering:
+            self._respawn(role, cause)
+
+    def _respawn(self, role: str, cause: str) -> None:
         if role == "trainer":
             return self._restore_trainer(cause)
         old = self.local_pids(role)

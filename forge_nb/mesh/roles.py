@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import socket
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -86,6 +87,7 @@ class Roles(Supervised):
         self.engine, self.generator_procs, self.reward_procs = engine, m.generator_procs, m.reward_procs
         self.transport = config.weights.transport
         self._faults_seen, self._respawned_at = len(supervision.FAULTS), {}
+        self._recovering = threading.RLock()  # heal and respawn, one thread at a time (`mesh.recovery`)
         self.restore_from: Callable[[], Path | None] | None = None  # the last checkpoint, to restore a trainer
         self._generator_spec = GeneratorSpec.from_config(config, engine)
         self._trainer_spec = TrainerSpec.from_config(config, pad_id, loss)
