@@ -99,6 +99,7 @@ class SessionCore:
             )
             if cfg.checkpoint.on_trainer_failure == "restore":
                 self.actors.restore_from = self.last_checkpoint
+            self.actors.judges.connect(self.metrics_stream)  # "judge" rows: the judge's calls and timings
             lifecycle.register(self)  # after the spawns: our exit hook then runs before the ones Monarch adds
             self.actors.wait_ready()
             self.actors.attach_weights(cfg.weights.transport)

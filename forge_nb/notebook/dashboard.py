@@ -19,11 +19,12 @@ from forge_nb.notebook.explorer import Explorer
 from forge_nb.notebook.fit_width import fit_width
 
 PHASES = ("generate_s", "score_s", "reference_s", "train_s", "refresh_s")  # stacked: their sum ~ step time
+JUDGE = ("verdicts_per_s", "latency_s")  # from "judge" rows: the judge's own throughput, and wait per call
 
 
 class Dashboard:
-    """Reward / accuracy, tokens/s, time per phase, refresh GB/s; versions and staleness; buttons; below,
-    the sample explorer, opened on a step by clicking a point of the reward curve."""
+    """Reward / accuracy, tokens/s, time per phase, refresh GB/s, judge verdicts/s and latency; versions and
+    staleness; buttons; below, the sample explorer, opened on a step by clicking a point of the reward curve."""
 
     def __init__(self, session, max_hz: float = 4.0) -> None:
         self.session = session
@@ -52,8 +53,9 @@ class Dashboard:
         self._lock = threading.Lock()
         self._period = 1.0 / max_hz
         self._closed = threading.Event()
-        for row in session.metrics_stream.rows("step"):
-            self._pending.append(row)
+        for row in session.metrics_stream.rows():
+            if row["kind"] in ("step", "judge"):
+                self._pending.append(row)
         self._unsubscribe = session.metrics_stream.subscribe(self._on_row)
         self.redraw()
         threading.Thread(target=self._ticker, name="forge_nb-dashboard", daemon=True).start()
@@ -63,7 +65,7 @@ class Dashboard:
         self.samples.selected_index = 0
 
     def _on_row(self, row: dict[str, Any]) -> None:
-        if row["kind"] in ("step", "sync", "train"):
+        if row["kind"] in ("step", "judge"):
             with self._lock:
                 self._pending.append(row)
 
@@ -76,12 +78,13 @@ class Dashboard:
     def redraw(self) -> None:
         """Draw queued rows (one batch update) and refresh the version line."""
         with self._lock:
-            rows, self._pending = [r for r in self._pending if r["kind"] == "step"], []
+            rows, self._pending = self._pending, []
         if rows:
             with self.figure.batch_update():
                 for trace in self.figure.data:
-                    trace.x = (*trace.x, *(r["step"] for r in rows))
-                    trace.y = (*trace.y, *(r[trace.meta] for r in rows))
+                    mine = [r for r in rows if r["kind"] == ("judge" if trace.meta in JUDGE else "step")]
+                    trace.x = (*trace.x, *(r["step"] for r in mine))
+                    trace.y = (*trace.y, *(r[trace.meta] for r in mine))
                 # Whole steps only, about ten ticks (plotly would otherwise label 1.5 as "2" next to 2).
                 self.figure.update_xaxes(dtick=max(1, math.ceil(len(self.figure.data[0].x) / 10)))
         self.versions.value = self._versions_html()
@@ -142,15 +145,17 @@ PLOTS = {
     (1, 2): ("generated tokens/s", ["tokens_per_s"]),
     (2, 1): ("time per phase (s)", list(PHASES)),
     (2, 2): ("refresh GB/s", ["refresh_gbps"]),
+    (3, 1): ("judge verdicts/s", ["verdicts_per_s"]),
+    (3, 2): ("judge latency per call (s)", ["latency_s"]),
 }
 
 
 def _figure() -> go.FigureWidget:
     fig = make_subplots(
-        rows=2,
+        rows=3,
         cols=2,
         horizontal_spacing=0.06,
-        vertical_spacing=0.14,
+        vertical_spacing=0.1,
         subplot_titles=[title for title, _ in PLOTS.values()],
     )
     legends = {}
@@ -171,10 +176,11 @@ def _figure() -> go.FigureWidget:
                 kwargs["line"] = {"dash": "dot"}
             mode = "lines+markers" if name == "mean_reward" else "lines"  # its points open a step's samples
             label = name.removesuffix("_s") if name in PHASES else name.replace("_", " ")
+            label = f"judge {label}" if name in JUDGE else label
             trace = go.Scatter(x=[], y=[], name=label, meta=name, mode=mode, legend=legend, **kwargs)
             fig.add_trace(trace, row, col)
     # No fixed width: the figure takes the cell's width (JupyterLab's output area), with its legends.
-    fig.update_layout(height=560, autosize=True, margin={"l": 50, "r": 20, "t": 40, "b": 40}, **legends)
+    fig.update_layout(height=780, autosize=True, margin={"l": 50, "r": 20, "t": 40, "b": 40}, **legends)
     fig.update_xaxes(tickformat="d")
-    fig.update_xaxes(title_text="step", row=2)
+    fig.update_xaxes(title_text="step", row=3)
     return go.FigureWidget(fig)
