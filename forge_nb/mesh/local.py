@@ -10,6 +10,7 @@ from typing import Any
 import psutil
 from monarch.actor import ProcMesh, this_host
 
+from forge_nb.mesh import quiet
 from forge_nb.mesh.calls import wait
 from forge_nb.mesh.supervision import FAULTS
 
@@ -20,6 +21,7 @@ class LocalMesh:
     """Spawns each role (generator, trainer, reward, ...) into its own procs on this host."""
 
     def __init__(self) -> None:
+        quiet.route_native_output()  # before Monarch's first line and the first proc (which inherits it)
         self.proc_meshes: dict[str, ProcMesh] = {}
 
     def host(self, role: str) -> Any:

@@ -2,6 +2,10 @@
 
 Rows arrive from any thread (a background run emits them); they are queued and drawn by a timer
 at most `max_hz` times per second in one `batch_update`, never one redraw per point.
+
+Displayed, the dashboard also carries a PNG of its curves so far (`notebook.plots`, with matplotlib):
+JupyterLab renders the live widget, and a saved notebook on GitHub or nbviewer, where widgets do not
+render, shows the picture.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import ipywidgets as widgets
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from forge_nb.notebook import plots
 from forge_nb.notebook.explorer import Explorer
 from forge_nb.notebook.fit_width import fit_width
 
@@ -42,12 +47,13 @@ class Dashboard:
         self.samples = widgets.Accordion([self.explorer.widget], titles=["Samples: click a point of the reward curve"])
         self.samples.selected_index = None
         self.widget = fit_width(
-            widgets.VBox(
+            DashboardBox(
                 [widgets.HBox([buttons, self.versions]), self.message, self.figure, self.samples],
                 layout={"width": "100%"},
             ),
             [self.figure],
         )
+        self.widget.session = session
         self.widget.add_class("forge-dashboard")
         self._pending: list[dict[str, Any]] = []
         self._lock = threading.Lock()
@@ -137,6 +143,20 @@ class Dashboard:
     def close(self) -> None:
         self._closed.set()
         self._unsubscribe()
+
+
+class DashboardBox(widgets.VBox):
+    """The dashboard's widget; its display bundle adds a PNG of the step curves so far (a fallback
+    for viewers without widgets: the richest type a viewer knows wins, the widget in JupyterLab)."""
+
+    session = None
+
+    def _repr_mimebundle_(self, **kwargs):
+        bundle = super()._repr_mimebundle_(**kwargs)
+        steps = self.session.metrics_stream.to_pandas("step") if self.session is not None else None
+        if bundle is not None and steps is not None and not steps.empty and plots.available():
+            bundle["image/png"] = plots.png(plots.step_figure(steps))
+        return bundle
 
 
 #: Each plot's traces, labelled in a legend of its own in that plot's top-left corner.

@@ -1,0 +1,61 @@
+"""Static plots of a session's step rows (matplotlib): what a saved notebook shows where a live widget
+cannot render (GitHub, nbviewer, a notebook opened without its kernel).
+
+`step_figure(steps)` draws the dashboard's four panels from the `StepRow` table (`s.step(...)`, or
+``s.metrics_stream.to_pandas("step")``); `png(fig)` turns a figure into PNG bytes for a display bundle.
+matplotlib is optional (the ``notebooks`` extra): without it `available()` is False and nothing is drawn.
+"""
+
+from __future__ import annotations
+
+import io
+from typing import Any
+
+import pandas as pd
+
+PHASES = ("generate_s", "score_s", "reference_s", "train_s", "refresh_s")  # stacked: their sum ~ step time
+
+
+def available() -> bool:
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def step_figure(steps: pd.DataFrame, title: str = "") -> Any:
+    """The dashboard's panels as one matplotlib figure: reward and accuracy, generated tokens/s, time
+    per phase (stacked seconds), refresh GB/s, each against the step. `steps` has one row per step
+    (a "step" column or index)."""
+    from matplotlib.figure import Figure
+
+    df = steps.reset_index() if "step" not in steps.columns else steps
+    fig = Figure(figsize=(10, 5.6), layout="constrained")
+    (reward, tokens), (phases, refresh) = fig.subplots(2, 2, sharex=True)
+    reward.plot(df.step, df.mean_reward, label="mean_reward")
+    reward.plot(df.step, df.accuracy, ":", label="accuracy")
+    reward.set_title("reward and accuracy")
+    reward.legend(loc="lower right", fontsize="small")
+    tokens.plot(df.step, df.tokens_per_s, color="tab:green")
+    tokens.set_title("generated tokens/s")
+    present = [p for p in PHASES if p in df.columns]
+    phases.stackplot(df.step, *(df[p] for p in present), labels=[p.removesuffix("_s") for p in present])
+    phases.set_title("time per phase (s)")
+    phases.legend(loc="upper left", fontsize="small", ncols=len(present))
+    refresh.plot(df.step, df.refresh_gbps, color="tab:purple")
+    refresh.set_title("refresh GB/s")
+    for ax in (phases, refresh):
+        ax.set_xlabel("step")
+    for ax in (reward, tokens, phases, refresh):
+        ax.grid(alpha=0.3)
+    if title:
+        fig.suptitle(title)
+    return fig
+
+
+def png(fig: Any, dpi: int = 80) -> bytes:
+    """`fig` as PNG bytes."""
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=dpi)
+    return buffer.getvalue()

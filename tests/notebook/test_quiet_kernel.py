@@ -1,0 +1,53 @@
+"""In a real kernel, a session's start shows no library noise in the cell, while the log file keeps it,
+and what an actor prints on purpose still reaches the cell."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from jupyter_client.manager import start_new_kernel
+
+from tests.conftest import wait_no_children
+
+CELLS = [
+    "import forge_nb\ns = forge_nb.up(prompts_per_step=4, group_size=4, threads_per_proc=1)",
+    's.set_reward(\'def reward(prompt, completion, target, **context):\\n    print("scored", target)\\n'
+    "    return 1.0\\n')",
+    "s.step(2, progress=False); s.sync()",
+    "from forge_nb.mesh import quiet\nprint('LOG', quiet.log_path())",
+    "s.down()",
+]
+
+
+def run(client, code: str) -> str:
+    texts: list[str] = []
+
+    def collect(msg):
+        content = msg["content"]
+        if msg["msg_type"] == "stream":
+            texts.append(content["text"])
+        elif msg["msg_type"] in ("execute_result", "display_data"):
+            texts.append(content["data"].get("text/plain", ""))
+        elif msg["msg_type"] == "error":
+            texts.append("\n".join(content["traceback"]))
+
+    reply = client.execute_interactive(code, timeout=180, output_hook=collect)
+    assert reply["content"]["status"] == "ok", "".join(texts)
+    return "".join(texts)
+
+
+def test_cells_show_no_monarch_noise_and_the_log_keeps_it(tmp_path, monkeypatch):
+    monkeypatch.setenv("FORGE_NB_LOG_DIR", str(tmp_path))
+    manager, client = start_new_kernel(kernel_name="python3")
+    try:
+        shown = [run(client, cell) for cell in CELLS]
+    finally:
+        client.stop_channels()
+        manager.shutdown_kernel(now=True)
+    everything = "".join(shown)
+    for noise in ("Monarch internal logs are being written", "[RdmaXcel]"):
+        assert noise not in everything
+    assert "scored" in shown[1] + shown[2]  # a print in the reward, from the reward proc
+    log = Path(shown[3].split("LOG ", 1)[1].strip())
+    assert log.parent == tmp_path and "Monarch internal logs are being written" in log.read_text()
+    assert wait_no_children() == []
