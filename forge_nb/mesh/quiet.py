@@ -11,8 +11,9 @@ first proc is spawned; a thread per pipe copies every line to `log_path()` and p
 cell every line that is not known noise (`is_noise`). (A `print` inside a reward runs in a reward
 proc and, with torchmonarch 0.7, does not reach the cell either way: measured, not solved.)
 Monarch's job launchers log each Slurm submission through handlers of their own on stderr
-("Submitting SLURM job with 1 nodes"); those loggers write to the log file instead. Outside a kernel nothing changes: a terminal is not cluttered the same way, and pytest
-captures descriptors itself. ``FORGE_NB_QUIET=0`` turns the routing off.
+("Submitting SLURM job with 1 nodes"); those loggers write to the log file instead. Outside a kernel
+nothing changes: a terminal is not cluttered the same way, and pytest captures descriptors itself.
+``FORGE_NB_QUIET=0`` turns the routing off.
 """
 
 from __future__ import annotations
