@@ -73,7 +73,7 @@ def test_every_magic_runs(kernel, tmp_path):
     assert content["status"] == "error" and "loss v1 (cell" in text and "v0 stays live" in text
     assert "rejected" in kernel.ok("%forge versions")
     assert "heldout_accuracy" in kernel.ok("%forge eval")
-    assert "VBox" in kernel.ok("%forge dashboard")
+    assert "DashboardBox" in kernel.ok("%forge dashboard")
     assert "VBox" in kernel.ok("%forge explore")
     assert "trainer_logprobs" in kernel.ok("pd_out = %forge samples --step 2\nprint(pd_out.columns.tolist())")
     assert "Output" in kernel.ok("%forge watch all_equal_groups=1.5 grad_norm=1e6")
