@@ -151,16 +151,17 @@ def agreement(prompts: list[str], completions: list[str], prompt_id: list | None
     groups: dict = {}
     for key, answer in zip(keys, answers):
         groups.setdefault(key, Counter())[answer] += 1
-    votes: list[Vote] = []
-    for key, answer in zip(keys, answers):
-        counts = groups[key]
-        if sum(counts.values()) < 2:
-            votes.append(None)
-            continue
-        (top, n), *rest = counts.most_common(2) + [(None, 0)]
-        unique_top = n >= 2 and rest[0][1] < n
-        votes.append(float(unique_top and answer is not None and answer == top))
-    return votes
+    top = {key: _most_common(counts) for key, counts in groups.items()}
+    return [
+        None if groups[key].total() < 2 else float(answer is not None and answer == top[key])
+        for key, answer in zip(keys, answers)
+    ]
+
+
+def _most_common(counts: Counter) -> str | float | None:
+    """The answer most of a prompt's samples gave, if two or more gave it and no other answer ties; else None."""
+    (answer, n), *rest = counts.most_common(2) + [(None, 0)]
+    return answer if n >= 2 and rest[0][1] < n else None
 
 
 def _normal_answer(completion: str) -> str | float | None:

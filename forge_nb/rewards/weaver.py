@@ -76,16 +76,12 @@ def majority_vote(votes: np.ndarray) -> np.ndarray:
 
 def log_odds(fit: Fit, votes: np.ndarray) -> np.ndarray:
     """log P(correct | votes) / P(wrong | votes) of each sample [N]."""
-    yes, no = fit.weights
-    v = np.nan_to_num(votes, nan=0.0)
-    seen = ~np.isnan(votes)
-    per_vote = np.where(seen, v * yes + (1 - v) * no, 0.0)
-    return np.log(fit.prior / (1 - fit.prior)) + per_vote.sum(1)
+    return _log_odds(fit, *_split(votes))
 
 
 def posterior(fit: Fit, votes: np.ndarray) -> np.ndarray:
     """P(correct | votes) of each sample [N] in (0, 1)."""
-    return 1.0 / (1.0 + np.exp(-np.clip(log_odds(fit, votes), -50, 50)))
+    return _sigmoid(log_odds(fit, votes))
 
 
 def fit(
@@ -98,25 +94,41 @@ def fit(
         raise ValueError(f"votes must be [samples, verifiers] with at least one verifier, got shape {votes.shape}")
     if init is not None and len(init.tpr) != votes.shape[1]:
         init = None
-    seen = (~np.isnan(votes)).astype(np.float64)
-    v = np.nan_to_num(votes, nan=0.0)
-    q = majority_vote(votes) if init is None else posterior(init, votes)
+    yes, no = _split(votes)
+    q = majority_vote(votes) if init is None else _sigmoid(_log_odds(init, yes, no))
     current, iterations, converged = None, 0, False
     while iterations < max_iter and not converged:
-        current = _m_step(q, v, seen, smoothing)
-        new_q = posterior(current, votes)
+        current = _m_step(q, yes, no, smoothing)
+        new_q = _sigmoid(_log_odds(current, yes, no))
         converged = bool(np.max(np.abs(new_q - q), initial=0.0) < tol)
         q, iterations = new_q, iterations + 1
     current = _better_than_chance(current)
     return Fit(current.prior, current.tpr, current.tnr, iterations, converged)
 
 
-def _m_step(q: np.ndarray, v: np.ndarray, seen: np.ndarray, smoothing: float) -> Fit:
+def _split(votes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Votes [N, K] -> how much each one says correct and how much wrong, [N, K] each (0 and 0 where
+    it abstains), so that the sums EM needs are matrix products."""
+    seen = ~np.isnan(votes)
+    yes = np.where(seen, votes, 0.0)
+    return yes, seen - yes
+
+
+def _log_odds(fit: Fit, yes: np.ndarray, no: np.ndarray) -> np.ndarray:
+    weight_yes, weight_no = fit.weights
+    return np.log(fit.prior / (1 - fit.prior)) + yes @ weight_yes + no @ weight_no
+
+
+def _sigmoid(x: np.ndarray) -> np.ndarray:
+    return 1.0 / (1.0 + np.exp(-np.clip(x, -50, 50)))
+
+
+def _m_step(q: np.ndarray, yes: np.ndarray, no: np.ndarray, smoothing: float) -> Fit:
     """The prior and rates that maximise the expected (smoothed) likelihood under posteriors `q` [N]."""
     prior = float(np.clip(q.mean() if len(q) else 0.5, *PRIOR_BOUNDS))
-    correct, wrong = q[:, None] * seen, (1 - q)[:, None] * seen  # [N, K] expected counts
-    tpr = ((correct * v).sum(0) + smoothing) / (correct.sum(0) + 2 * smoothing)
-    tnr = ((wrong * (1 - v)).sum(0) + smoothing) / (wrong.sum(0) + 2 * smoothing)
+    seen = yes + no
+    tpr = (q @ yes + smoothing) / (q @ seen + 2 * smoothing)  # expected votes 1 among correct samples / their votes
+    tnr = ((1 - q) @ no + smoothing) / ((1 - q) @ seen + 2 * smoothing)
     return Fit(prior, np.clip(tpr, 1e-4, 1 - 1e-4), np.clip(tnr, 1e-4, 1 - 1e-4))
 
 
