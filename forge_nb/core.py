@@ -38,8 +38,11 @@ from forge_nb.rl.episode import Episode
 from forge_nb.rl.replay import ReplayBuffer
 from forge_nb.rl.rollout import EmptyTrainBatch, Rollout
 from forge_nb.run import checkpoint
+from forge_nb.run.rollout_log import Batch, RolloutLog
+from forge_nb.run.tracking import Trackers, make_trackers
 from forge_nb.tasks import Problem, make_task
 from forge_nb.tasks.prompts import PromptFormat, check_lengths
+from forge_nb.watch import StepView, Watch
 
 
 class SessionError(RuntimeError):
@@ -58,8 +61,14 @@ class SessionCore:
         self.step_count = 0  # trained batches
         self.rollout_count = 0  # rollouts made: each samples with its own seed
         self._next_eval, self._next_checkpoint = config.eval.every, config.checkpoint.every
-        self.run_id = time.strftime("%Y%m%d-%H%M%S") + f"-{os.getpid()}"
-        self.checkpoint_dir = Path(config.checkpoint.dir or f"forge_runs/{self.run_id}/checkpoints")
+        self.run_id = time.strftime("%Y%m%d-%H%M%S") + f"-{os.getpid()}-{id(self) % 10_000:04d}"
+        runs = Path(config.log.dir or os.environ.get("FORGE_NB_RUNS") or "forge_runs")
+        self.run_dir = runs / self.run_id  # the rollout log, trackers, periodic checkpoints
+        self.checkpoint_dir = Path(config.checkpoint.dir) if config.checkpoint.dir else self.run_dir / "checkpoints"
+        self.rollout_log: RolloutLog | None = None
+        self.trackers = Trackers([])
+        self.watcher: Watch | None = None
+        self._watch_fired = False
         self.saved: list[tuple[int, Path]] = []  # (step, path) of each checkpoint this session wrote
         self._next_sample_id = 0
         self.actors: Roles | None = None
@@ -83,12 +92,14 @@ class SessionCore:
         check_lengths(self.task.known_problems(), self.prompts, context, cfg.engine.max_tokens)  # before any proc
         self.engine_name = cfg.engine_name()
         rewards, loss = self.live_code.registry.members("reward"), self.live_code.live("loss").code
+        self._open_run_dir()
         try:
             self.actors = Roles.start(
                 cfg, self.engine_name, self.tokenizer.pad_token_id, rewards, loss, self._event, start
             )
             if cfg.checkpoint.on_trainer_failure == "restore":
                 self.actors.restore_from = self.last_checkpoint
+            self.actors.judges.connect(self.metrics_stream)  # "judge" rows: the judge's calls and timings
             lifecycle.register(self)  # after the spawns: our exit hook then runs before the ones Monarch adds
             self.actors.wait_ready()
             self.actors.attach_weights(cfg.weights.transport)
@@ -101,6 +112,28 @@ class SessionCore:
                 else f"the mesh failed to start ({type(e).__name__}): {e}"
             )
             raise SessionError(f"forge_nb: {cause}") from (None if isinstance(e, SlurmError) else e)
+
+    def _open_run_dir(self) -> None:
+        """The rollout log and the trackers the config turns on, in the run directory (before any proc
+        starts: a tracker that cannot start fails `up` at once)."""
+        log = self.config.log
+        try:
+            trackers = make_trackers(log, self.run_dir, self.config.to_dict(), self.run_id)
+        except Exception as e:
+            raise SessionError(f"forge_nb: a tracker the config turns on (log.*) did not start: {e}") from e
+        self.trackers = Trackers(trackers)
+        if log.samples:
+            self.rollout_log = RolloutLog(self.run_dir / "rollouts", log.max_mb)
+        if self.trackers:
+            self._unsubscribe_trackers = self.metrics_stream.subscribe(self.trackers.on_row)
+
+    def _close_run_dir(self) -> None:
+        if self.rollout_log is not None:
+            self.rollout_log.close()
+        if self.trackers:
+            self._unsubscribe_trackers()
+            self.trackers.close()
+            self.trackers = Trackers([])
 
     def _event(self, role: str, what: str) -> None:
         """Something happened to the mesh (a proc replaced, ...): on the metrics stream, in `status()`."""
@@ -117,6 +150,7 @@ class SessionCore:
             board.close()
         actors, self.actors = self.actors, None
         lifecycle.unregister(self)
+        self._close_run_dir()
         if actors is None:
             return
         errors = actors.stop()
@@ -177,6 +211,7 @@ class SessionCore:
                 episodes = pipeline.train_subset(rollout.episodes, self.config.algorithm.dynamic_sampling)
             except EmptyTrainBatch as e:
                 raise SessionError(f"forge_nb: {e}") from None
+            staleness = self.trainer_version - rollout.policy_version
             if episodes:
                 result = actors.train_step(episodes)
                 self.trainer_version = result.policy_version
@@ -185,9 +220,39 @@ class SessionCore:
             else:  # dynamic sampling left nothing: no step, nothing published
                 stats = {"loss": 0.0, "grad_norm": 0.0, "tokens": 0, "skipped": True}
                 result = TrainResult(self.trainer_version, self.live_code.live("loss").version, stats, 0.0, 0.0)
+            self.step_count += 1  # this batch is step `step_count`: its train row, step row and log file
             self.metrics_stream.emit("train", step=self.step_count, **result.as_dict())
-            self.step_count += 1
+            self._log_batch(rollout, episodes, result.token_logprobs or [], staleness)
             return result.as_dict()
+
+    def _log_batch(
+        self, rollout: Rollout, trained: list[Episode], logprobs: list, staleness: int, dropped: bool = False
+    ) -> None:
+        """The batch into the rollout log (and the trackers' samples tables), as step `step_count`."""
+        ids = [e.sample_id for e in trained]
+        batch = Batch(rollout.episodes, self.step_count, staleness, frozenset(ids), dict(zip(ids, logprobs)), dropped)
+        if self.rollout_log is not None:
+            self.rollout_log.append(batch)
+        if self.trackers and not dropped:
+            self.trackers.on_batch(self.step_count, rollout.to_pandas())
+
+    def on_dropped(self, rollout: Rollout, staleness: int) -> None:
+        """A batch the async run dropped (too stale): logged, never trained."""
+        self._log_batch(rollout, [], [], staleness, dropped=True)
+
+    def after_step(self, row: StepRow, rollout: Rollout, train: dict[str, Any]) -> None:
+        """At the step boundary: evaluation and a checkpoint when due; the trackers hear of new live-code
+        versions; the watch checks its conditions and, when one fires, pauses the run."""
+        self.maybe_evaluate()
+        self.maybe_checkpoint()
+        if self.trackers:
+            self.trackers.on_versions(self.step_count, self.live_code.registry.records)
+        if self.watcher is not None:
+            weights = {n: m.weight for n, m in self.live_code.registry.members("reward").items()}
+            here = threading.current_thread() is threading.main_thread()  # s.step in a cell, not a run
+            if self.watcher.check(StepView(row.as_dict(), rollout, train, weights), here):
+                self._watch_fired = True
+                self.runs.pause()
 
     def sync(self) -> dict[str, Any]:
         """Refresh the generator with the trainer's latest published version -> report: version,
@@ -205,7 +270,11 @@ class SessionCore:
         """n x (rollout, train, sync) -> one row per step (reward, accuracy, tokens/s, phase times, GB/s).
         A progress bar shows from 5 steps on, unless `progress=False`."""
         bar = tqdm(range(n), desc="forge_nb step", disable=n < 5 or not progress, leave=False)
-        rows = [sync_step(self).as_dict() for _ in bar]
+        rows, self._watch_fired = [], False
+        for _ in bar:
+            rows.append(sync_step(self).as_dict())
+            if self._watch_fired:  # a watch fired: stop here, as a breakpoint would
+                break
         return pd.DataFrame(rows, columns=list(StepRow.__dataclass_fields__)).set_index("step")
 
     @contextmanager

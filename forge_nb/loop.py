@@ -54,12 +54,12 @@ class StepDriver(Protocol):
         """Hold both sides (generation and training) for one synchronous step."""
         ...
 
-    def maybe_evaluate(self) -> dict[str, Any] | None:
-        """Evaluate on the held-out prompts if `eval.every` steps have passed since the last time."""
+    def after_step(self, row: StepRow, rollout: Rollout, train: dict[str, Any]) -> None:
+        """At the step boundary: evaluation and checkpoint when due, watches (which may pause the run)."""
         ...
 
-    def maybe_checkpoint(self) -> Any:
-        """Write a checkpoint if `checkpoint.every` steps have passed since the last one."""
+    def on_dropped(self, rollout: Rollout, staleness: int) -> None:
+        """A batch the async run dropped as too stale (never trained on)."""
         ...
 
 
@@ -136,8 +136,7 @@ def sync_step(driver: StepDriver) -> StepRow:
         seconds = time.perf_counter() - start
         row = StepRow.of(driver.step_count, "sync", rollout, train, refresh["version"], staleness, seconds, refresh)
         driver.metrics_stream.emit("step", **row.as_dict())
-        driver.maybe_evaluate()
-        driver.maybe_checkpoint()
+        driver.after_step(row, rollout, train)
     return row
 
 
@@ -278,7 +277,6 @@ class AsyncRun(RunControl):
                 continue
             if d.trainer_version > d.generator_version:
                 d.sync()  # between generator batches: the trainer is not waiting for it
-            d.maybe_evaluate()
             rollout = d.rollout()
             self.produced += len(rollout.episodes)
             self._queue.put(rollout)
@@ -295,6 +293,7 @@ class AsyncRun(RunControl):
             if staleness > self.max_staleness:
                 self.dropped += len(rollout.episodes)
                 d.metrics_stream.emit("dropped", step=d.step_count, staleness=staleness, samples=len(rollout.episodes))
+                d.on_dropped(rollout, staleness)
                 continue
             train = d.train(rollout)
             self.staleness[staleness] += 1
@@ -304,7 +303,7 @@ class AsyncRun(RunControl):
             now = time.perf_counter()
             row = StepRow.of(d.step_count, "async", rollout, train, d.generator_version, staleness, now - last)
             d.metrics_stream.emit("step", **row.as_dict())
-            d.maybe_checkpoint()  # both sides held: waits for the rollout in flight
+            d.after_step(row, rollout, train)  # a checkpoint holds both sides: waits for the rollout in flight
             last = now
         self._stop.set()
 

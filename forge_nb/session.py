@@ -15,6 +15,7 @@ version in `live.manager`.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,7 @@ from forge_nb.loop import AsyncRun, BackgroundRun
 from forge_nb.run import checkpoint
 from forge_nb.tasks.data import take_task_data
 from forge_nb.tasks.dataset import ROW_ANSWER, ROW_ID, ROW_PROMPT
+from forge_nb.watch import Watch
 
 __all__ = ["Session", "SessionError"]
 
@@ -138,11 +140,48 @@ class Session(SessionCore):
         self._dashboards.append(board)
         return board.widget
 
-    def samples(self, n: int = 16) -> pd.DataFrame:
-        """The last `n` samples with rewards, advantages and versions."""
+    def samples(self, n: int = 16, *, step: int | None = None, prompt_id: str | None = None) -> pd.DataFrame:
+        """The last `n` samples with rewards, advantages and versions; with `step` or `prompt_id`, every
+        sample of that trained step / of that prompt so far, from the rollout log (tokens and logprobs too)."""
+        if step is not None or prompt_id is not None:
+            if self.rollout_log is None:
+                raise SessionError("forge_nb: the rollout log is off (log.samples=False): only s.samples(n)")
+            return self.rollout_log.read(step=step, prompt_id=prompt_id)
         from forge_nb.notebook.tables import samples_table
 
         return samples_table(self, n)
+
+    def watch(self, when: Callable[[dict], bool] | None = None, baseline_steps: int = 5, **thresholds: float) -> Watch:
+        """Pause the run when a condition fires at a step boundary (see `forge_nb.watch`): all_equal_groups,
+        reward_dominance, length_drift, kl_spike, grad_norm (thresholds), `when` (a predicate over the step
+        row). Replaces the conditions watched before; display the result to see what fires."""
+        known = ("all_equal_groups", "reward_dominance", "length_drift", "kl_spike", "grad_norm")
+        unknown = sorted(set(thresholds) - set(known))
+        if unknown:
+            raise SessionError(f"forge_nb: no watch condition {unknown[0]!r}; conditions: {', '.join(known)}, when")
+        self.watcher = Watch(dict(thresholds), when, baseline_steps)
+        return self.watcher
+
+    def unwatch(self) -> None:
+        self.watcher = None
+
+    def explore(self):
+        """The sample explorer widget: a step's groups, a sample's tokens, pinned prompts, the live generator."""
+        from forge_nb.notebook.explorer import Explorer
+
+        return Explorer(self).widget
+
+    def generate(
+        self, prompt: str | list[dict], n: int = 1, temperature: float | None = None, max_tokens: int | None = None
+    ) -> list[str]:
+        """`n` completions of `prompt` (a string, or chat messages: the task's prompt format applies) from
+        the weights the generator serves now; nothing is scored, stored or trained on."""
+        with self.generation_lock:
+            actors = self._require_up()
+            _, ids = self.prompts.encode(prompt)
+            sampling = self.sampling(n=n, temperature=temperature)
+            sampling = dataclasses.replace(sampling, max_tokens=max_tokens or sampling.max_tokens)
+            return [c.text for c in actors.generate([ids], sampling).completions[0]]
 
     @property
     def metrics(self) -> pd.DataFrame:
@@ -189,6 +228,8 @@ class Session(SessionCore):
             "reward_errors": len(self.reward_errors),
             "last_reward_errors": self.reward_errors[-3:],
             "model": str(self.config.model.resolved_path()),
+            "run_dir": str(self.run_dir),
+            "log_errors": [e for e in [self.rollout_log and self.rollout_log.error, *self.trackers.errors] if e],
         }
 
     def set_reward(

@@ -66,11 +66,8 @@ class _Driver:
         self.generator_version = self.trainer_version
         return {"version": self.generator_version, "total_seconds": 0.05, "gbps": 2.0}
 
-    def maybe_evaluate(self):
-        self.calls.append("eval?")
-
-    def maybe_checkpoint(self):
-        self.calls.append("checkpoint?")
+    def after_step(self, row, rollout, train):
+        self.calls.append("after")
 
     def whole_step(self):
         import contextlib
@@ -86,7 +83,7 @@ def test_a_sync_step_is_rollout_train_sync_under_both_locks_and_emits_one_row(mo
     monkeypatch.setattr(Rollout, "mean_reward", property(lambda self: 0.25))
     driver = _Driver()
     row = sync_step(driver)
-    assert driver.calls == ["lock", "rollout", "train", "sync", "eval?", "checkpoint?"]
+    assert driver.calls == ["lock", "rollout", "train", "sync", "after"]
     assert (row.step, row.mode, row.policy_version, row.generator_version, row.staleness) == (1, "sync", 1, 1, 0)
     assert (row.train_s, row.refresh_s, row.refresh_gbps, row.loss) == (0.2, 0.05, 2.0, 0.3)
     (emitted,) = driver.metrics_stream.rows("step")

@@ -2,20 +2,23 @@
 
 The kernel never runs live code: a candidate that hangs or spins would leave a thread burning a core
 in it for as long as it lives (a Python thread cannot be killed). Here it is the checker's proc that
-is stopped and replaced when a check outlives its timeout (`mesh.roles.Roles.check`).
+is stopped and replaced when a check outlives its timeout (`mesh.checker.Checker`). The timeout is
+kept here, where the time a reward waits on a judge actor can be left out of it (`live.deadline`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from monarch.actor import endpoint
 
+import forge_nb.rewards.judge_client as judge_client
 from forge_nb.actors.base import ForgeActor
 from forge_nb.live.capture import LiveCode, compile_function
 from forge_nb.live.registry import Member
 from forge_nb.live.validate import (
     CheckFailed,
+    CheckTimedOut,
     LossProbe,
     describe_exception,
     score_members,
@@ -23,20 +26,26 @@ from forge_nb.live.validate import (
     validate_reward,
 )
 from forge_nb.rewards.batch import RewardSample, Scores
+from forge_nb.rewards.judge_client import JudgeUnavailable
 from forge_nb.rl.train_step import needs_ref
 
 
 @dataclass(frozen=True)
 class LiveCheckSpec:
     threads: int = 1
+    judges: dict = field(default_factory=dict)  # judge actors by model, for rewards that ask one
 
 
 @dataclass(frozen=True)
 class CheckResult:
-    """What a check found: `error` is None when the code passed (then `values` are its outputs)."""
+    """What a check found: `error` is None when the code passed (then `values` are its outputs).
+    `timed_out`: it ran past its timeout (and may still run here); `judge_problems`: judges it asked
+    that could not answer (model -> "not running", "timed out" or "failed")."""
 
     error: str | None
     values: list[float] | None = None
+    timed_out: bool = False
+    judge_problems: dict[str, str] = field(default_factory=dict)
 
 
 class LiveCheck(ForgeActor):
@@ -46,15 +55,26 @@ class LiveCheck(ForgeActor):
 
     def __init__(self, spec: LiveCheckSpec) -> None:
         self._begin(spec.threads)
+        judge_client.attach(spec.judges)
         self._ready()
 
     @endpoint
-    def check_reward(self, code: LiveCode, samples: list[RewardSample]) -> CheckResult:
-        """Compile `code` and score every probe sample; the first bad value or exception is the error."""
+    def attach_judges(self, handles: dict) -> list[str]:
+        """Judge actors by model name, for the rewards checked here -> the models attached."""
+        return judge_client.attach(handles)
+
+    @endpoint
+    def check_reward(self, code: LiveCode, samples: list[RewardSample], timeout: float | None = None) -> CheckResult:
+        """Compile `code` and score every probe sample within `timeout` s of its own time; the first
+        bad value or exception is the error."""
         try:
-            return CheckResult(None, validate_reward(_compile(code), samples, timeout=None))
+            return CheckResult(None, validate_reward(_compile(code), samples, timeout))
+        except CheckTimedOut as e:
+            return CheckResult(str(e), timed_out=True)
         except CheckFailed as e:
             return CheckResult(str(e))
+        except JudgeUnavailable as e:
+            return CheckResult(str(e), judge_problems={e.model: e.problem})
 
     @endpoint
     def check_loss(self, code: LiveCode, probe: LossProbe, has_reference: bool) -> CheckResult:
@@ -76,8 +96,10 @@ class LiveCheck(ForgeActor):
         fns = {name: _compile(m.code) for name, m in members.items()}
         components = {name: [None] * len(samples) for name in fns}
         errors: dict[int, str] = {}
-        score_members(fns, samples, components, errors)
-        return Scores.combine(components, {n: m.weight for n, m in members.items()}, errors, -1)
+        judges = score_members(fns, samples, components, errors)
+        scores = Scores.combine(components, {n: m.weight for n, m in members.items()}, errors, -1)
+        scores.judge_problems = judges
+        return scores
 
 
 def _compile(code: LiveCode):

@@ -1,4 +1,9 @@
-"""Reward actor: scores samples with the live reward set. A mesh of them shares a batch."""
+"""Reward actor: scores samples with the live reward set. A mesh of them shares a batch.
+
+Members are per-sample or batched (`rewards.forms`); a `Judge` among them asks the judge actors the
+session attached (`attach_judges`), and the time it waits on them does not count against the
+reward timeout (`live.deadline`).
+"""
 
 from __future__ import annotations
 
@@ -8,8 +13,10 @@ from dataclasses import dataclass
 
 from monarch.actor import endpoint
 
+import forge_nb.rewards.judge_client as judge_client
 from forge_nb.actors.base import ForgeActor
 from forge_nb.live.capture import compile_function
+from forge_nb.live.deadline import wait_for
 from forge_nb.live.registry import Member
 from forge_nb.live.validate import score_members
 from forge_nb.rewards.batch import RewardBatch, Scores
@@ -48,6 +55,11 @@ class RewardWorker(ForgeActor):
         return self.version
 
     @endpoint
+    def attach_judges(self, handles: dict) -> list[str]:
+        """Judge actors by model name, for the `Judge` rewards this proc runs -> the models attached."""
+        return judge_client.attach(handles)
+
+    @endpoint
     def score(self, batch: RewardBatch) -> Scores:
         """Score every sample with every member; a sample a member fails on is marked (which member,
         why), never silently scored 0.
@@ -56,26 +68,32 @@ class RewardWorker(ForgeActor):
         are marked timed out and the actor answers with ``timed_out`` set; a thread cannot be killed,
         so the session then replaces this proc (`mesh.roles.Roles.replace_rewards`).
         """
-        samples = list(batch.samples())
         fns, weights, version = self.fns, self.weights, self.version
-        components = {name: [None] * len(samples) for name in fns}
+        components = {name: [None] * len(batch) for name in fns}
         errors: dict[int, str] = {}
+        judges: dict[str, str] = {}
         done = threading.Event()
+        before = judge_client.stats()
 
         def run() -> None:
-            score_members(fns, samples, components, errors)
-            done.set()
+            try:
+                judges.update(score_members(fns, batch, components, errors))
+            finally:
+                done.set()
 
         threading.Thread(target=run, name="forge_nb-reward", daemon=True).start()
-        if done.wait(self.timeout_s * max(1, len(samples)) * len(fns)):
-            return Scores.combine(components, weights, errors, version)
+        finished = wait_for(done, self.timeout_s * max(1, len(batch)) * len(fns))
+        traffic = {"judge": judge_client.stats() - before, "judge_problems": dict(judges)}
+        if finished:
+            return dataclasses.replace(Scores.combine(components, weights, errors, version), **traffic)
         # The hung thread may still write: answer with a snapshot.
         components = {name: list(values) for name, values in components.items()}
         errors = dict(errors)
-        for i in range(len(samples)):
+        for i in range(len(batch)):
             if i not in errors and any(values[i] is None for values in components.values()):
                 errors[i] = f"did not return within the {self.timeout_s:g} s per-sample timeout"
-        return dataclasses.replace(Scores.combine(components, weights, errors, version), timed_out=True)
+        scores = Scores.combine(components, weights, errors, version)
+        return dataclasses.replace(scores, timed_out=True, **traffic)
 
     # -- diagnostics: for tests and debugging, never on the training path ----------------------
 

@@ -16,7 +16,7 @@ from forge_nb.live.capture import LiveCode, compile_function
 from forge_nb.live.validate import CheckFailed, check_loss_value
 from forge_nb.rl.batch import TrainBatch
 from forge_nb.rl.prefix_batch import completion_logprobs
-from forge_nb.rl.train_step import NonFiniteGradient, policy_step
+from forge_nb.rl.train_step import NonFiniteGradient, policy_update
 from forge_nb.weights.manifest import WeightManifest, checksum
 from forge_nb.weights.publish import WeightPublisher
 
@@ -71,9 +71,13 @@ class TrainResult:
     metrics: dict[str, float]
     train_seconds: float
     publish_seconds: float
+    # Per sequence, the policy's logprob of each completion token before the step (the rollout log's
+    # "trainer_logprobs", beside the generator's); rows the step left out keep their behaviour logprobs.
+    token_logprobs: list[list[float]] | None = None
 
     def as_dict(self) -> dict[str, float]:
-        return {**self.metrics, **{k: v for k, v in self.__dict__.items() if k != "metrics"}}
+        skip = ("metrics", "token_logprobs")
+        return {**self.metrics, **{k: v for k, v in self.__dict__.items() if k not in skip}}
 
 
 class Trainer(ForgeActor):
@@ -116,7 +120,7 @@ class Trainer(ForgeActor):
         start = time.perf_counter()
         tokens = batch.collate(self.pad_id).to(self.device)
         try:
-            metrics = policy_step(
+            metrics, logprobs = policy_update(
                 self.model,
                 self.optimizer,
                 tokens,
@@ -134,7 +138,8 @@ class Trainer(ForgeActor):
         stepped = time.perf_counter()
         self.publisher.publish(self.model.named_parameters(), self.version)
         end = time.perf_counter()
-        return TrainResult(self.version, self.loss_version, metrics, end - start, end - stepped)
+        token_logprobs = [row[: len(c)] for row, c in zip(logprobs.cpu().tolist(), batch.completion_ids)]
+        return TrainResult(self.version, self.loss_version, metrics, end - start, end - stepped, token_logprobs)
 
     @endpoint
     def weights_manifest(self) -> WeightManifest:

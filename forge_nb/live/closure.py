@@ -54,7 +54,7 @@ def capture_callable(kind: str, fn: Callable) -> LiveCode:
         name = _instance_name(cls)
         closure = _Closure(kind, name)
         cls_name = closure.need(cls.__name__, cls, owner=f"the class of {name}")
-        state = _literal(vars(fn), f"the attributes of the {cls.__name__} object")
+        state = closure.expression(_state_of(fn), f"the attributes of the {cls.__name__} object", name)
         closure.tail += [f"{name} = {cls_name}.__new__({cls_name})", f"{name}.__dict__.update({state})"]
         return closure.code(name, f"{cls.__name__} object ({origin_of(_call_code(cls))})")
     raise LiveCodeError(
@@ -71,14 +71,17 @@ class _Closure:
         self.constants: dict[str, str] = {}  # name -> assignment
         self.definitions: dict[str, str] = {}  # name -> def / class source, dependencies first
         self.aliases: dict[str, str] = {}  # name -> assignment to a definition under another name
+        self.objects: dict[str, str] = {}  # name -> assignment of an object built from definitions
         self.tail: list[str] = []
+        self.bound: dict[str, Any] = {}  # names bound for values inside objects -> those values
         self.paths: dict[str, None] = {}
         self.reload: dict[str, None] = {}
         self._seen: set[int] = set()
 
     def code(self, name: str, origin: str) -> LiveCode:
         parts = [*self.imports.values(), *self.constants.values(), *self.definitions.values()]
-        source = "\n".join(p.rstrip() + "\n" for p in [*parts, *self.aliases.values(), *self.tail])
+        later = [*self.aliases.values(), *self.objects.values(), *self.tail]
+        source = "\n".join(p.rstrip() + "\n" for p in [*parts, *later])
         return LiveCode(self.kind, name, source, origin, paths=tuple(self.paths), reload=tuple(self.reload))
 
     def add_function(self, fn: types.FunctionType, as_name: str | None = None) -> None:
@@ -103,7 +106,7 @@ class _Closure:
             return
         self._seen.add(id(cls))
         text = _class_definition(cls, self.kind)
-        namespace = vars(sys.modules[cls.__module__]) if cls.__module__ in sys.modules else {}
+        namespace = _class_globals(cls)
         for name in sorted(_free_names(text) - {cls.__name__}):
             self.need(name, namespace.get(name, _MISSING), owner=cls.__name__)
         self.definitions[cls.__name__] = text
@@ -128,14 +131,50 @@ class _Closure:
             self.constants[name] = f"{name} = __import__('re').compile({value.pattern!r}, {int(value.flags)})"
         elif getattr(builtins, name, _MISSING) is value:
             return name
-        elif type(value).__module__.split(".")[0] == "forge_nb":
+        elif type(value).__module__.split(".")[0] == "forge_nb" and not _travels_as_object(value):
             raise LiveCodeError(
                 f"{self.kind} {owner!r} reads {name!r}, a forge_nb {type(value).__name__}: live code runs in the "
                 "actors and cannot reach the session; pass what it needs as constants"
             )
-        else:
+        elif _only_literals(value):
             self.constants[name] = f"{name} = {_literal(value, f'the global {name!r} that {owner!r} reads')}"
+        else:
+            what = f"the global {name!r} that {owner!r} reads"
+            self.objects[name] = f"{name} = {self.expression(value, what, owner)}"
         return name
+
+    def expression(self, value: Any, what: str, owner: str) -> str:
+        """Source of an expression that rebuilds `value` where the code runs: a literal, or containers,
+        functions, classes, regexes and objects that travel (`_travels_as_object`), whatever they need
+        made available; otherwise `LiveCodeError` naming `what`."""
+        if _only_literals(value):
+            return _literal(value, what)
+        kind = type(value)
+        if kind in (list, tuple, set, frozenset):
+            items = [self.expression(v, what, owner) for v in value]
+            if kind is tuple:
+                return f"({', '.join(items)}{',' if len(items) == 1 else ''})"
+            text = ", ".join(items)
+            return {list: f"[{text}]", set: f"{{{text}}}", frozenset: f"frozenset([{text}])"}[kind]
+        if kind is dict and all(_only_literals(k) for k in value):
+            return "{" + ", ".join(f"{k!r}: {self.expression(v, what, owner)}" for k, v in value.items()) + "}"
+        if isinstance(value, re.Pattern):
+            return f"__import__('re').compile({value.pattern!r}, {int(value.flags)})"
+        if isinstance(value, types.FunctionType | type) and value.__name__ != "<lambda>":
+            return self._bind(value.__name__, value, what, owner)
+        if _travels_as_object(value):
+            cls_name = self._bind(kind.__name__, kind, what, owner)
+            state = self.expression(_state_of(value), f"the attributes of the {kind.__name__} in {what}", owner)
+            self.definitions.setdefault("_forge_nb_object", _OBJECT_HELPER)
+            return f"_forge_nb_object({cls_name}, {state})"
+        return _literal(value, what)  # raises, naming what cannot travel
+
+    def _bind(self, name: str, value: Any, what: str, owner: str) -> str:
+        """`need` a function or class found inside a value, under its own name (which must be free)."""
+        if self.bound.get(name, value) is not value:
+            raise LiveCodeError(f"{self.kind}: {what} holds two different things named {name!r}; rename one")
+        self.bound[name] = value
+        return self.need(name, value, owner)
 
     def _import(self, name: str, module: str, attribute: str | None = None) -> None:
         if module == "__main__":
@@ -315,6 +354,44 @@ def _only_literals(value: Any, depth: int = 0) -> bool:
     return False
 
 
+_OBJECT_HELPER = """def _forge_nb_object(cls, state):
+    obj = cls.__new__(cls)
+    obj.__dict__.update(state)
+    return obj
+"""
+
+
+def _state_of(obj: Any) -> dict:
+    """What an object travels with: its ``__getstate__`` if its class defines one, else its attributes."""
+    if type(obj).__getstate__ is not object.__getstate__:
+        return obj.__getstate__()
+    return dict(vars(obj))
+
+
+def _travels_as_object(value: Any) -> bool:
+    """An object rebuilt from its class and state where the code runs: one of forge_nb's reward
+    objects (a `Judge`, an `Ensemble`), or a callable object of the user's own class. A library's
+    object (a tensor, a tokenizer) or a plain object of a notebook class does not travel."""
+    cls = type(value)
+    if not hasattr(value, "__dict__") or isinstance(value, type | types.ModuleType | types.FunctionType):
+        return False
+    if cls.__module__.startswith("forge_nb.rewards"):
+        return True
+    own = not _importable(cls) or _user_module_root(cls.__module__) is not None
+    return callable(value) and own and cls.__module__.split(".")[0] != "forge_nb"
+
+
 def _instance_name(cls: type) -> str:
     """The name a callable object is bound to in its source: its class name in snake case."""
     return "_".join(re.findall(r"[A-Z]?[a-z0-9]+|[A-Z]+(?![a-z])", cls.__name__)).lower() or "live_object"
+
+
+def _class_globals(cls: type) -> dict[str, Any]:
+    """The globals `cls`'s methods read: their own `__globals__` (right for a script run with runpy, where
+    `sys.modules["__main__"]` is someone else), else its module's."""
+    for attr in vars(cls).values():
+        fn = getattr(attr, "__func__", attr)
+        if isinstance(fn, types.FunctionType):
+            return fn.__globals__
+    module = sys.modules.get(cls.__module__)
+    return vars(module) if module is not None else {}

@@ -47,6 +47,13 @@ class LocalMesh:
                 _kill(pids)
         return self.spawn(role, actor_class, spec, procs)
 
+    def stop_role(self, role: str) -> None:
+        """Stop `role`'s procs (one that failed to start), leaving the others running."""
+        proc_mesh = self.proc_meshes.pop(role, None)
+        if proc_mesh is not None:
+            with FAULTS.expecting(role):
+                wait(proc_mesh.stop())
+
     def stop(self) -> list[str]:
         """Stop every proc mesh (each stop waits for its processes to exit) -> errors, if any."""
         errors = []

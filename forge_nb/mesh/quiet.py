@@ -8,11 +8,12 @@ cell that runs, so this noise lands in the middle of a tutorial.
 
 `route_native_output()` puts a pipe in front of descriptors 1 and 2 of a kernel, once, before the
 first proc is spawned; a thread per pipe copies every line to `log_path()` and passes on to the
-cell every line that is not known noise (`is_noise`). What an actor prints on purpose (a `print`
-in a reward) still shows. Monarch's job launchers log each Slurm submission through handlers of
-their own on stderr ("Submitting SLURM job with 1 nodes"); those loggers write to the log file
-instead. Outside a kernel nothing changes: a terminal is not cluttered the same way, and pytest
-captures descriptors itself. ``FORGE_NB_QUIET=0`` turns the routing off.
+cell every line that is not known noise (`is_noise`). (A `print` inside a reward runs in a reward
+proc and, with torchmonarch 0.7, does not reach the cell either way: measured, not solved.)
+Monarch's job launchers log each Slurm submission through handlers of their own on stderr
+("Submitting SLURM job with 1 nodes"); those loggers write to the log file instead. Outside a kernel
+nothing changes: a terminal is not cluttered the same way, and pytest captures descriptors itself.
+``FORGE_NB_QUIET=0`` turns the routing off.
 """
 
 from __future__ import annotations

@@ -4,8 +4,10 @@ Before each call, a role whose proc Monarch reported dead (`mesh.supervision.FAU
 afresh; a call that fails because its actor's proc died starts the role afresh and is issued once
 more. A new generator attaches to the published weights and loads the policy version it served; new
 reward workers get the live reward set (`Roles.replace_rewards`); a new reference model loads the
-frozen weights; a new checker is just started. Work is deterministic given its seed, so the call
-issued again makes the same samples. The trainer holds state no other proc has: it is restored from
+frozen weights; a new checker is just started; a new judge loads its model and is attached to the
+reward procs and the checker (`mesh.judges.JudgePool.respawn`; a batch whose judge died mid-call is
+scored again, `Roles.score`). Work is deterministic given its seed, so the call issued again makes
+the same samples. The trainer holds state no other proc has: it is restored from
 the last checkpoint when `checkpoint.on_trainer_failure` is "restore", else its death is `TrainerLost`.
 
 `Supervised` is a part of `mesh.roles.Roles` (it uses the role meshes, specs and versions Roles keeps).
@@ -27,6 +29,7 @@ from forge_nb.actors.trainer import Trainer
 from forge_nb.mesh import supervision
 from forge_nb.mesh.calls import wait
 from forge_nb.mesh.checker import ROLE as CHECKER
+from forge_nb.mesh.judges import ROLE as JUDGE
 from forge_nb.mesh.supervision import SupervisionError
 from forge_nb.weights.refresh import RefreshError
 
@@ -41,22 +44,30 @@ class Supervised:
     def _supervised(self, role: str, call: Callable[[], Any]) -> Any:
         """`call()`, after healing the roles Monarch reported dead; once more if `role` died during it."""
         self.heal()
+        started = time.time()
         try:
             return call()
         except SupervisionError as e:
-            self.respawn(role, cause_of(e))
+            with self._recovering:
+                if self._respawned_at.get(role, 0.0) < started:  # else another thread has just respawned it
+                    self.respawn(role, cause_of(e))
             return call()
 
     def heal(self) -> None:
         """Start afresh every role whose proc Monarch reported dead since it was last started."""
-        faults = supervision.FAULTS.since(self._faults_seen)
-        self._faults_seen += len(faults)
-        for fault in faults:
-            if fault.role in self.info and fault.time > self._respawned_at.get(fault.role, 0.0):
-                self.respawn(fault.role, fault.message.splitlines()[-1].strip())
+        with self._recovering:  # an async run heals from two threads: each dead role is respawned once
+            faults = supervision.FAULTS.since(self._faults_seen)
+            self._faults_seen += len(faults)
+            for fault in faults:
+                if fault.role in self.info and fault.time > self._respawned_at.get(fault.role, 0.0):
+                    self.respawn(fault.role, fault.message.splitlines()[-1].strip())
 
     def respawn(self, role: str, cause: str) -> None:
         """Replace `role`'s procs and bring the new actors to where the old ones were."""
+        with self._recovering:
+            self._respawn(role, cause)
+
+    def _respawn(self, role: str, cause: str) -> None:
         if role == "trainer":
             return self._restore_trainer(cause)
         old = self.local_pids(role)
@@ -65,6 +76,8 @@ class Supervised:
             return self.replace_rewards(f"respawned after {cause}")
         if role == CHECKER:
             return self.checker.replace(f"respawned after {cause}")
+        if role == JUDGE:
+            return self.judges.respawn(cause)
         if role == "reference":
             self.reference = self.mesh.replace(role, Reference, self._reference_spec, old)
             self.info[role] = list(wait(self.reference.ready.call()).values())

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import socket
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -31,6 +32,7 @@ from forge_nb.mesh import supervision
 from forge_nb.mesh.calls import shards, wait
 from forge_nb.mesh.checker import ROLE as CHECKER
 from forge_nb.mesh.checker import Checker
+from forge_nb.mesh.judges import JudgePool
 from forge_nb.mesh.local import LocalMesh
 from forge_nb.mesh.recovery import Supervised, cause_of
 from forge_nb.mesh.slurm import SlurmMesh
@@ -85,6 +87,7 @@ class Roles(Supervised):
         self.engine, self.generator_procs, self.reward_procs = engine, m.generator_procs, m.reward_procs
         self.transport = config.weights.transport
         self._faults_seen, self._respawned_at = len(supervision.FAULTS), {}
+        self._recovering = threading.RLock()  # heal and respawn, one thread at a time (`mesh.recovery`)
         self.restore_from: Callable[[], Path | None] | None = None  # the last checkpoint, to restore a trainer
         self._generator_spec = GeneratorSpec.from_config(config, engine)
         self._trainer_spec = TrainerSpec.from_config(config, pad_id, loss)
@@ -109,6 +112,7 @@ class Roles(Supervised):
         if config.algorithm.kl_coef > 0:
             self.reference = mesh.spawn("reference", Reference, self._reference_spec)
         self.checker = Checker(mesh, 1, self._checker_replaced)
+        self.judges = JudgePool(self, config)  # judge actors, started when a reward first asks one
 
     @classmethod
     def start(
@@ -208,16 +212,21 @@ class Roles(Supervised):
 
     def score(self, batch: RewardBatch) -> list[tuple[slice, Scores]]:
         """Split the batch evenly over the reward workers -> (which samples, their scores) per shard.
-        When a reward ran past its timeout, the reward procs are replaced before this returns."""
+        When a reward ran past its timeout, the reward procs are replaced before this returns. When a
+        judge a reward asked could not answer (its proc died, it hung, it was not running yet), it is
+        started afresh and the batch scored once more, as a call to a dead proc is (`mesh.recovery`)."""
         parts = shards(len(batch), self.reward_procs)
 
         def call() -> list[tuple[slice, Scores]]:
             futures = [self.rewards.slice(procs=i).score.call_one(batch.shard(p)) for i, p in enumerate(parts)]
             return [(part, wait(future)) for part, future in zip(parts, futures)]
 
-        results = self._supervised("reward", call)
-        if any(scores.timed_out for _, scores in results):
-            self.replace_rewards(f"reward v{results[0][1].reward_version} ran past its timeout")
+        for _ in range(2):  # the second time only after judges that could not answer were restored
+            results = self._supervised("reward", call)
+            if any(scores.timed_out for _, scores in results):
+                self.replace_rewards(f"reward v{results[0][1].reward_version} ran past its timeout")
+            if not self.judges.observe(batch.step, [scores for _, scores in results]):
+                break
         return results
 
     def reference_logprobs(self, episodes: list[Episode]) -> Future | None:
@@ -279,16 +288,17 @@ class Roles(Supervised):
         old = self.local_pids("reward")
         self.rewards = self.mesh.replace("reward", RewardWorker, spec, old, procs=self.reward_procs)
         self.info["reward"] = list(wait(self.rewards.ready.call()).values())
+        self.judges.attach(self.rewards)
         self.on_event("reward", f"procs {old} replaced by {self.pids['reward']}: {why}")
 
     def check_reward(self, code: LiveCode, samples: list[RewardSample], timeout: float) -> list[float]:
-        return self.checker.check_reward(code, samples, timeout)
+        return self.judges.serve(lambda: self.checker.check_reward(code, samples, timeout))
 
     def check_loss(self, code: LiveCode, probe: LossProbe, has_reference: bool, timeout: float) -> float:
         return self.checker.check_loss(code, probe, has_reference, timeout)
 
     def rescore(self, members: dict[str, Member], samples: list[RewardSample], timeout: float) -> Scores:
-        return self.checker.score(members, samples, timeout)
+        return self.judges.serve(lambda: self.checker.score(members, samples, timeout))
 
     def set_loss(self, code: LiveCode, version: int) -> None:
         wait(self.trainer.set_loss.call_one(code, version))

@@ -30,6 +30,7 @@ from forge_nb.config import SlurmConfig
 from forge_nb.mesh.local import LocalMesh
 
 ROLES = ("generator", "trainer", "reward")
+_SHARES_NODE = {"reference": "trainer", "judge": "reward", "live_check": "reward"}  # role -> whose node it runs on
 _TERMINAL = ("FAILED", "CANCELLED", "TIMEOUT", "PREEMPTED", "COMPLETED", "NODE_FAIL", "OUT_OF_MEMORY")
 
 
@@ -204,10 +205,10 @@ class SlurmMesh(LocalMesh):
 
     def host(self, role: str) -> Any:
         """The job's node for `role` (its own node with `separate_hosts`; a reference model shares
-        the trainer's)."""
+        the trainer's, judges ("judge", "judge-2", ...) and the live-code checker the reward procs')."""
         if not self.cfg.separate_hosts:
             return self.hosts.node
-        return getattr(self.hosts, "trainer" if role == "reference" else role)
+        return getattr(self.hosts, _SHARES_NODE.get(role.split("-")[0], role))
 
     def stop(self) -> list[str]:
         """Stop every proc mesh, then cancel the job (unless `keep_job`) -> errors, if any."""

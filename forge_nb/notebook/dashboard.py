@@ -11,6 +11,7 @@ render, shows the picture.
 from __future__ import annotations
 
 import html
+import math
 import threading
 from typing import Any
 
@@ -19,13 +20,16 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from forge_nb.notebook import plots
+from forge_nb.notebook.explorer import Explorer
+from forge_nb.notebook.fit_width import fit_width
 
 PHASES = ("generate_s", "score_s", "reference_s", "train_s", "refresh_s")  # stacked: their sum ~ step time
-TRACES = ["mean_reward", "accuracy", "tokens_per_s", *PHASES, "refresh_gbps"]
+JUDGE = ("verdicts_per_s", "latency_s")  # from "judge" rows: the judge's own throughput, and wait per call
 
 
 class Dashboard:
-    """Reward / accuracy, tokens/s, time per phase, refresh GB/s; versions and staleness; buttons."""
+    """Reward / accuracy, tokens/s, time per phase, refresh GB/s, judge verdicts/s and latency; versions and
+    staleness; buttons; below, the sample explorer, opened on a step by clicking a point of the reward curve."""
 
     def __init__(self, session, max_hz: float = 4.0) -> None:
         self.session = session
@@ -39,21 +43,35 @@ class Dashboard:
         self.step_button.on_click(lambda _: self._guard(lambda: session.step(1)))
         self.sync_button.on_click(lambda _: self._guard(session.sync))
         buttons = widgets.HBox([self.run_button, self.step_button, self.sync_button])
-        self.widget = DashboardBox([widgets.HBox([buttons, self.versions]), self.message, self.figure])
+        self.explorer = Explorer(session, figure=self.figure, on_show=self._open_samples)
+        self.samples = widgets.Accordion([self.explorer.widget], titles=["Samples: click a point of the reward curve"])
+        self.samples.selected_index = None
+        self.widget = fit_width(
+            DashboardBox(
+                [widgets.HBox([buttons, self.versions]), self.message, self.figure, self.samples],
+                layout={"width": "100%"},
+            ),
+            [self.figure],
+        )
         self.widget.session = session
         self.widget.add_class("forge-dashboard")
         self._pending: list[dict[str, Any]] = []
         self._lock = threading.Lock()
         self._period = 1.0 / max_hz
         self._closed = threading.Event()
-        for row in session.metrics_stream.rows("step"):
-            self._pending.append(row)
+        for row in session.metrics_stream.rows():
+            if row["kind"] in ("step", "judge"):
+                self._pending.append(row)
         self._unsubscribe = session.metrics_stream.subscribe(self._on_row)
         self.redraw()
         threading.Thread(target=self._ticker, name="forge_nb-dashboard", daemon=True).start()
 
+    def _open_samples(self, step: int) -> None:
+        self.samples.set_title(0, f"Samples of step {step}")
+        self.samples.selected_index = 0
+
     def _on_row(self, row: dict[str, Any]) -> None:
-        if row["kind"] in ("step", "sync", "train"):
+        if row["kind"] in ("step", "judge"):
             with self._lock:
                 self._pending.append(row)
 
@@ -66,12 +84,15 @@ class Dashboard:
     def redraw(self) -> None:
         """Draw queued rows (one batch update) and refresh the version line."""
         with self._lock:
-            rows, self._pending = [r for r in self._pending if r["kind"] == "step"], []
+            rows, self._pending = self._pending, []
         if rows:
             with self.figure.batch_update():
                 for trace in self.figure.data:
-                    trace.x = (*trace.x, *(r["step"] for r in rows))
-                    trace.y = (*trace.y, *(r[trace.meta] for r in rows))
+                    mine = [r for r in rows if r["kind"] == ("judge" if trace.meta in JUDGE else "step")]
+                    trace.x = (*trace.x, *(r["step"] for r in mine))
+                    trace.y = (*trace.y, *(r[trace.meta] for r in mine))
+                # Whole steps only, about ten ticks (plotly would otherwise label 1.5 as "2" next to 2).
+                self.figure.update_xaxes(dtick=max(1, math.ceil(len(self.figure.data[0].x) / 10)))
         self.versions.value = self._versions_html()
         self.run_button.description = "Pause" if self._run_state() == "running" else "Run"
 
@@ -138,24 +159,48 @@ class DashboardBox(widgets.VBox):
         return bundle
 
 
+#: Each plot's traces, labelled in a legend of its own in that plot's top-left corner.
+PLOTS = {
+    (1, 1): ("reward and accuracy", ["mean_reward", "accuracy"]),
+    (1, 2): ("generated tokens/s", ["tokens_per_s"]),
+    (2, 1): ("time per phase (s)", list(PHASES)),
+    (2, 2): ("refresh GB/s", ["refresh_gbps"]),
+    (3, 1): ("judge verdicts/s", ["verdicts_per_s"]),
+    (3, 2): ("judge latency per call (s)", ["latency_s"]),
+}
+
+
 def _figure() -> go.FigureWidget:
     fig = make_subplots(
-        rows=2,
+        rows=3,
         cols=2,
-        horizontal_spacing=0.08,
-        vertical_spacing=0.16,
-        subplot_titles=("reward and accuracy", "generated tokens/s", "time per phase (s)", "refresh GB/s"),
+        horizontal_spacing=0.06,
+        vertical_spacing=0.1,
+        subplot_titles=[title for title, _ in PLOTS.values()],
     )
-    placement = {"mean_reward": (1, 1), "accuracy": (1, 1), "tokens_per_s": (1, 2), "refresh_gbps": (2, 2)}
-    placement.update({p: (2, 1) for p in PHASES})
-    for name in TRACES:
-        row, col = placement[name]
-        kwargs = {"stackgroup": "phases"} if name in PHASES else {}
-        if name == "accuracy":  # equals mean_reward under the built-in reward: keep both visible
-            kwargs["line"] = {"dash": "dot"}
-        label = name.removesuffix("_s") if name in PHASES else name
-        fig.add_trace(go.Scatter(x=[], y=[], name=label, meta=name, mode="lines", **kwargs), row, col)
-    fig.update_layout(height=520, margin={"l": 40, "r": 10, "t": 40, "b": 30}, legend={"orientation": "h", "y": -0.08})
+    legends = {}
+    for i, ((row, col), (_, names)) in enumerate(PLOTS.items()):
+        legend = "legend" if i == 0 else f"legend{i + 1}"
+        axis = fig.get_subplot(row, col)
+        legends[legend] = {
+            "x": axis.xaxis.domain[0] + 0.005,
+            "y": axis.yaxis.domain[1] - 0.005,
+            "xanchor": "left",
+            "yanchor": "top",
+            "bgcolor": "rgba(255, 255, 255, 0.7)",
+            "font": {"size": 11},
+        }
+        for name in names:
+            kwargs = {"stackgroup": "phases"} if name in PHASES else {}
+            if name == "accuracy":  # equals mean_reward under the built-in reward: keep both visible
+                kwargs["line"] = {"dash": "dot"}
+            mode = "lines+markers" if name == "mean_reward" else "lines"  # its points open a step's samples
+            label = name.removesuffix("_s") if name in PHASES else name.replace("_", " ")
+            label = f"judge {label}" if name in JUDGE else label
+            trace = go.Scatter(x=[], y=[], name=label, meta=name, mode=mode, legend=legend, **kwargs)
+            fig.add_trace(trace, row, col)
+    # No fixed width: the figure takes the cell's width (JupyterLab's output area), with its legends.
+    fig.update_layout(height=780, autosize=True, margin={"l": 50, "r": 20, "t": 40, "b": 40}, **legends)
     fig.update_xaxes(tickformat="d")
-    fig.update_xaxes(title_text="step", row=2)
+    fig.update_xaxes(title_text="step", row=3)
     return go.FigureWidget(fig)

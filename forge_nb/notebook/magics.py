@@ -26,6 +26,9 @@ SUBCOMMANDS = (
     "sync",
     "samples",
     "dashboard",
+    "explore",
+    "watch",
+    "save",
     "versions",
     "eval",
     "export",
@@ -41,8 +44,8 @@ class ForgeMagicError(ValueError):
 class ForgeMagics(Magics):
     @line_cell_magic
     def forge(self, line: str, cell: str | None = None):
-        """%forge up [--slurm]|status|step N|run [N]|pause|resume|stop|sync|samples N|dashboard|versions|eval|
-        export PATH|down
+        """%forge up [--slurm]|status|step N|run [N]|pause|resume|stop|sync|samples N [--step S] [--prompt ID]|
+        dashboard|explore|watch NAME=THRESHOLD ...|save PATH|versions|eval|export PATH|down
         %%forge reward [--name NAME] [--weight W] | %%forge loss  (the cell defines the function; it is
         validated and made live; --name adds or replaces one of several weighted rewards)"""
         command, _, rest = line.strip().partition(" ")
@@ -120,13 +123,38 @@ class ForgeMagics(Magics):
 
     @magic_arguments()
     @argument("n", nargs="?", type=int, default=16, help="how many recent samples")
+    @argument("--step", type=int, default=None, help="every sample of this trained step (the rollout log)")
+    @argument("--prompt", default=None, help="every sample of this prompt id so far (the rollout log)")
     def _samples(self, rest: str):
-        from forge_nb.notebook.tables import samples_table
-
-        return samples_table(_session(), parse_argstring(self._samples, rest).n)
+        args = parse_argstring(self._samples, rest)
+        return _session().samples(args.n, step=args.step, prompt_id=args.prompt)
 
     def _dashboard(self, rest: str):
         return _session().dashboard()
+
+    def _explore(self, rest: str):
+        return _session().explore()
+
+    @magic_arguments()
+    @argument(
+        "conditions",
+        nargs="*",
+        help="NAME=THRESHOLD: all_equal_groups, reward_dominance, length_drift, kl_spike, grad_norm; or off",
+    )
+    def _watch(self, rest: str):
+        args = parse_argstring(self._watch, rest)
+        if args.conditions == ["off"]:
+            _session().unwatch()
+            print("forge_nb: watch off")
+            return None
+        return _session().watch(**{k: float(v) for k, v in parse_overrides(args.conditions).items()})
+
+    @magic_arguments()
+    @argument("path", help="folder to write the checkpoint to (forge_nb.resume(path) goes on from it)")
+    def _save(self, rest: str):
+        out = _session().save(parse_argstring(self._save, rest).path)
+        print(f"forge_nb: saved to {out}; resume with forge_nb.resume({str(out)!r})")
+        return None
 
     def _versions(self, rest: str):
         return _session().versions()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import nn
@@ -43,7 +44,12 @@ def needs_ref(loss_fn: LossFn) -> bool:
     return param is not None and param.default is param.empty
 
 
-def policy_step(
+def policy_step(*args: Any, **kwargs: Any) -> dict[str, float]:
+    """`policy_update`'s metrics alone."""
+    return policy_update(*args, **kwargs)[0]
+
+
+def policy_update(
     model: nn.Module,
     optimizer: torch.optim.Optimizer,
     batch: PrefixBatch | TokenBatch,
@@ -52,8 +58,10 @@ def policy_step(
     max_grad_norm: float = 1.0,
     check_loss: Callable[[torch.Tensor], torch.Tensor] = lambda loss: loss,
     skip_zero_advantage: bool = False,
-) -> dict[str, float]:
-    """Forward, loss, backward, clip, step -> metrics (loss, grad_norm, ratio stats, tokens).
+) -> tuple[dict[str, float], torch.Tensor]:
+    """Forward, loss, backward, clip, step -> (metrics: loss, grad_norm, ratio stats, tokens; the policy's
+    logprobs of the batch's tokens before the step [B, T], detached: for rows left out, their behaviour
+    logprobs).
 
     `check_loss(loss)` runs before backward (it raises to refuse the value). A non-finite gradient
     raises `NonFiniteGradient` before the optimizer steps, so the weights are never touched.
@@ -66,7 +74,7 @@ def policy_step(
     """
     model.train()
     if skip_zero_advantage and not bool((batch.advantages != 0).any()):
-        return _zero_gradient_step(model, optimizer, batch)
+        return _zero_gradient_step(model, optimizer, batch), batch.old_logprobs
     logprobs, ran = _logprobs(model, batch, temperature, skip_zero_advantage)  # [B, T], [B] bool
     mask = batch.completion_mask
     extra = {"ref_logprobs": batch.ref_logprobs} if batch.ref_logprobs is not None and takes_ref(loss_fn) else {}
@@ -93,7 +101,7 @@ def policy_step(
             "max_abs_logprob_diff": log_ratio.abs().max().item(),
             "tokens": int(batch.completion_mask.sum().item()),
             "rows_skipped": int((~ran).sum().item()),
-        }
+        }, logprobs.detach()
 
 
 def _zero_gradient_step(model: nn.Module, optimizer: torch.optim.Optimizer, batch) -> dict[str, float]:

@@ -33,7 +33,7 @@ class PromptFormat:
         if hit is None:
             if len(self._cache) >= CACHE_SIZE:
                 self._cache.clear()
-            hit = self._cache[problem.prompt_id] = self._render(problem.prompt, problem.prompt_id)
+            hit = self._cache[problem.prompt_id] = self.encode(problem.prompt, problem.prompt_id)
         return hit
 
     def render_all(self, problems: list[Problem]) -> tuple[list[str], list[list[int]]]:
@@ -41,7 +41,8 @@ class PromptFormat:
         rendered = [self.render(p) for p in problems]
         return [text for text, _ in rendered], [ids for _, ids in rendered]
 
-    def _render(self, prompt: str | Messages, prompt_id: str) -> tuple[str, list[int]]:
+    def encode(self, prompt: str | Messages, prompt_id: str = "given") -> tuple[str, list[int]]:
+        """(text, token ids) of one prompt, not remembered (`render` remembers a problem's by id)."""
         if isinstance(prompt, str) and self.style != "chat":
             return prompt, self.tokenizer(prompt)["input_ids"]
         if self.style == "raw":

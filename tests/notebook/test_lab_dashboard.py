@@ -2,33 +2,16 @@
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
-import signal
-import socket
-import subprocess
-import sys
-import time
-import urllib.request
 from pathlib import Path
 
-import nbformat
-import psutil
 import pytest
+
+from tests.notebook.lab import CHROMIUM_FLAGS, jupyter_lab, write_notebook
 
 pytestmark = pytest.mark.slow
 
-CHROMIUM_FLAGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 CELLS = [
     "import forge_nb\n"
     "s = forge_nb.up(prompts_per_step=4, group_size=4, threads_per_proc=1)\n"
@@ -38,68 +21,15 @@ CELLS = [
 ]
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.fixture
 def lab(tmp_path: Path):
-    """A JupyterLab server on loopback with the dashboard notebook; stopped (kernels too) after."""
-    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in CELLS])
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    nbformat.write(nb, tmp_path / "dashboard.ipynb")
-    settings = tmp_path / "settings" / "@jupyterlab" / "apputils-extension"
-    settings.mkdir(parents=True)
-    # No "would you like to be notified about news" toast over the notebook.
-    (settings / "notification.jupyterlab-settings").write_text(json.dumps({"fetchNews": "false"}))
-    port, token = _free_port(), "forge-nb-test"
-    env = {
-        **os.environ,
-        "JUPYTERLAB_SETTINGS_DIR": str(tmp_path / "settings"),
-        "JUPYTER_RUNTIME_DIR": str(tmp_path / "rt"),
-    }
-    server = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "jupyter",
-            "lab",
-            "--no-browser",
-            "--allow-root",
-            "--ServerApp.ip=127.0.0.1",
-            f"--ServerApp.port={port}",
-            f"--IdentityProvider.token={token}",
-            f"--ServerApp.root_dir={tmp_path}",
-            "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
-        ],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=(tmp_path / "server.log").open("w"),
-    )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            urllib.request.urlopen(f"{url}/api/status?token={token}", timeout=2)
-            break
-        except OSError:
-            time.sleep(0.5)
-    try:
-        yield f"{url}/lab/tree/dashboard.ipynb?token={token}", tmp_path
-    finally:
-        procs = [server, *(psutil.Process(server.pid).children(recursive=True))]
-        server.send_signal(signal.SIGINT)  # jupyter asks to confirm on the first ^C: the second stops it
-        time.sleep(0.5)
-        server.send_signal(signal.SIGINT)
-        _, alive = psutil.wait_procs([psutil.Process(p.pid) for p in procs if psutil.pid_exists(p.pid)], timeout=60)
-        for p in alive:
-            p.kill()
-        assert alive == [], f"left running after the server stopped: {alive}"
+    """A JupyterLab server with the dashboard notebook -> its URL and folder; stopped after, kernels too."""
+    write_notebook(tmp_path / "dashboard.ipynb", CELLS)
+    with jupyter_lab(tmp_path) as url:
+        yield f"{url}/lab/tree/dashboard.ipynb?token=forge-nb-test", tmp_path
 
 
-def test_dashboard_renders_and_sync_button_bumps_the_served_version(lab):
+def test_dashboard_renders_sync_bumps_the_version_and_a_click_on_the_reward_curve_opens_that_step(lab):
     from playwright.sync_api import expect, sync_playwright
 
     url, tmp_path = lab
@@ -109,6 +39,7 @@ def test_dashboard_renders_and_sync_button_bumps_the_served_version(lab):
         page = browser.new_page(viewport={"width": 1400, "height": 1100})
         try:
             _run_notebook_and_click_sync(page, url, expect)
+            _click_a_reward_point(page, expect)
         finally:
             page.screenshot(path=str(shot), full_page=True)  # looked at by a person, and kept on failure
             browser.close()
@@ -138,7 +69,7 @@ def _run_notebook_and_click_sync(page, url: str, expect) -> None:
     _run_cells(page)
     board = page.locator(".forge-dashboard")
     version = board.locator(".forge-policy-generator")
-    expect(version).to_have_text("v3", timeout=120_000)  # 3 synced steps; v4 is trained, not synced
+    expect(version).to_have_text("v3", timeout=240_000)  # 3 synced steps; v4 is trained, not synced
     expect(board.locator(".js-plotly-plot")).to_have_count(1, timeout=60_000)
     expect(board.locator(".js-plotly-plot .scatterlayer .trace")).not_to_have_count(0)
     for name in ("Run", "Step", "Sync weights"):
@@ -147,3 +78,23 @@ def _run_notebook_and_click_sync(page, url: str, expect) -> None:
     expect(version).to_have_text("v4", timeout=30_000)
     expect(board.locator(".forge-versions")).to_contain_text("staleness 0")
     board.scroll_into_view_if_needed()
+
+
+def _click_a_reward_point(page, expect) -> None:
+    """Click the reward curve's second point (step 2): the explorer below opens with that step's groups."""
+    board = page.locator(".forge-dashboard")
+    point = board.locator(".js-plotly-plot .scatterlayer .trace").first.locator(".points path.point").nth(1)
+    expect(point).to_have_count(1, timeout=30_000)
+    box = point.bounding_box()
+    x, y = box["x"] + box["width"] / 2, box["y"] + box["height"] / 2
+    page.mouse.move(x, y)  # plotly picks the point under the cursor on hover, then reports the click
+    page.wait_for_timeout(300)
+    page.mouse.click(x, y)
+    explorer = board.locator(".forge-explorer")
+    expect(explorer.locator(".forge-explorer-step")).to_have_text("Step 2", timeout=30_000)
+    expect(explorer).to_contain_text("16 samples in 4 groups")
+    expect(explorer.locator("details")).to_have_count(4)  # one per group, each with its samples' table
+    expect(explorer.locator("table.forge-group").first).to_contain_text("reward/reward")
+    explorer.locator("select").first.select_option(index=0)  # a sample: its tokens, trainer vs generator
+    expect(explorer.locator(".forge-token").first).to_be_visible(timeout=30_000)
+    explorer.locator(".forge-explorer-step").scroll_into_view_if_needed()

@@ -4,35 +4,21 @@ a kernel restart. Screenshots go to $FORGE_NB_SCREENSHOTS (a folder) if set, els
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
-import nbformat
 import psutil
 import pytest
 
 from tests.conftest import wait_no_children
+from tests.notebook.lab import CHROMIUM_FLAGS, jupyter_lab, write_notebook
 
 pytestmark = pytest.mark.slow
 
-CHROMIUM_FLAGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 NOTEBOOKS = {
     "plain.ipynb": ["1 + 1", "import forge_nb  # imported, not loaded with %load_ext: the sidebar finds it anyway"],
     "forge.ipynb": [
@@ -44,69 +30,15 @@ NOTEBOOKS = {
 }
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.fixture
 def lab(tmp_path: Path):
-    """A JupyterLab server on loopback (token auth) with the two notebooks -> base URL and token; stopped
-    after, kernels and the mesh procs included, and checked to leave no process behind."""
+    """A JupyterLab server with the two notebooks -> base URL, token, folder; checked to leave no process."""
     for name, cells in NOTEBOOKS.items():
-        nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells])
-        nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-        nbformat.write(nb, tmp_path / name)
-    settings = tmp_path / "settings" / "@jupyterlab" / "apputils-extension"
-    settings.mkdir(parents=True)
-    # No "would you like to be notified about news" toast over the notebook.
-    (settings / "notification.jupyterlab-settings").write_text(json.dumps({"fetchNews": "false"}))
-    port, token = _free_port(), "forge-nb-sidebar-test"
-    env = {
-        **os.environ,
-        "JUPYTERLAB_SETTINGS_DIR": str(tmp_path / "settings"),
-        "JUPYTERLAB_WORKSPACES_DIR": str(tmp_path / "workspaces"),  # no layout restored from another run
-        "JUPYTER_RUNTIME_DIR": str(tmp_path / "rt"),
-    }
-    server = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "jupyter",
-            "lab",
-            "--no-browser",
-            "--allow-root",
-            "--ServerApp.ip=127.0.0.1",
-            f"--ServerApp.port={port}",
-            f"--IdentityProvider.token={token}",
-            f"--ServerApp.root_dir={tmp_path}",
-            "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
-        ],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=(tmp_path / "server.log").open("w"),
-    )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            urllib.request.urlopen(f"{url}/api/status?token={token}", timeout=2)
-            break
-        except OSError:
-            time.sleep(0.5)
-    try:
+        write_notebook(tmp_path / name, cells)
+    token = "forge-nb-sidebar-test"
+    with jupyter_lab(tmp_path, token) as url:
         yield url, token, tmp_path
-    finally:
-        procs = [server, *(psutil.Process(server.pid).children(recursive=True))]
-        server.send_signal(signal.SIGINT)  # jupyter asks to confirm on the first ^C: the second stops it
-        time.sleep(0.5)
-        server.send_signal(signal.SIGINT)
-        _, alive = psutil.wait_procs([psutil.Process(p.pid) for p in procs if psutil.pid_exists(p.pid)], timeout=60)
-        for p in alive:
-            p.kill()
-        assert alive == [], f"left running after the server stopped: {alive}"
-        assert wait_no_children(timeout=30) == []  # nor Chromium, nor Playwright's driver
+    assert wait_no_children(timeout=30) == []  # nor Chromium, nor Playwright's driver
 
 
 def test_extension_is_installed_and_enabled():

@@ -73,7 +73,12 @@ def test_every_magic_runs(kernel, tmp_path):
     assert content["status"] == "error" and "loss v1 (cell" in text and "v0 stays live" in text
     assert "rejected" in kernel.ok("%forge versions")
     assert "heldout_accuracy" in kernel.ok("%forge eval")
-    assert "VBox" in kernel.ok("%forge dashboard")
+    assert "DashboardBox" in kernel.ok("%forge dashboard")
+    assert "VBox" in kernel.ok("%forge explore")
+    assert "trainer_logprobs" in kernel.ok("pd_out = %forge samples --step 2\nprint(pd_out.columns.tolist())")
+    assert "Output" in kernel.ok("%forge watch all_equal_groups=1.5 grad_norm=1e6")
+    assert "watch off" in kernel.ok("%forge watch off")
+    assert "resume with forge_nb.resume(" in kernel.ok(f"%forge save {tmp_path / 'ck'}")
     assert "exported to" in kernel.ok(f"%forge export {tmp_path / 'run'} --steps 3")
     assert "len(completion) > 1" in (tmp_path / "run" / "reward.py").read_text()
     assert (tmp_path / "run" / "checkpoint" / "model.safetensors").is_file()

@@ -1,5 +1,6 @@
-"""In a real kernel, a session's start shows no library noise in the cell, while the log file keeps it,
-and what an actor prints on purpose still reaches the cell."""
+"""In a real kernel, a session's start and steps show no library noise in the cell, while the log file
+keeps it. (A `print` inside a reward runs in a reward proc and does not reach the cell: see
+mesh/quiet.py.)"""
 
 from __future__ import annotations
 
@@ -11,8 +12,7 @@ from tests.conftest import wait_no_children
 
 CELLS = [
     "import forge_nb\ns = forge_nb.up(prompts_per_step=4, group_size=4, threads_per_proc=1)",
-    's.set_reward(\'def reward(prompt, completion, target, **context):\\n    print("scored", target)\\n'
-    "    return 1.0\\n')",
+    "s.set_reward('def reward(prompt, completion, target, **context):\\n    return 1.0\\n')",
     "s.step(2, progress=False); s.sync()",
     "from forge_nb.mesh import quiet\nprint('LOG', quiet.log_path())",
     "s.down()",
@@ -47,7 +47,6 @@ def test_cells_show_no_monarch_noise_and_the_log_keeps_it(tmp_path, monkeypatch)
     everything = "".join(shown)
     for noise in ("Monarch internal logs are being written", "[RdmaXcel]"):
         assert noise not in everything
-    assert "scored" in shown[1] + shown[2]  # a print in the reward, from the reward proc
     log = Path(shown[3].split("LOG ", 1)[1].strip())
     assert log.parent == tmp_path and "Monarch internal logs are being written" in log.read_text()
     assert wait_no_children() == []

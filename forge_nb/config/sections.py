@@ -1,19 +1,10 @@
-"""Configuration as data: dataclasses with defaults that run, filled from kwargs, dicts or YAML.
-
-Every field can be given by its section (``algorithm={"lr": 1e-4}``), by a dotted name
-(``{"algorithm.lr": 1e-4}``) or, when the name is unique, bare (``lr=1e-4``). Unknown names and
-invalid values raise `ConfigError` naming the field.
-"""
+"""The sections of a `Config`: one dataclass each, with defaults that run and a `validate` that names
+the field it refuses."""
 
 from __future__ import annotations
 
-import dataclasses
-import difflib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-
-import yaml
 
 
 class ConfigError(ValueError):
@@ -246,7 +237,7 @@ class CheckpointConfig:
     """Periodic checkpoints (`Session.save` writes one any time) and what a trainer failure does."""
 
     every: int = 0  # save every this many trained steps during step() / run() (0: only when asked)
-    dir: str = ""  # where periodic checkpoints go ("": forge_runs/<run id>/checkpoints, in the working directory)
+    dir: str = ""  # where periodic checkpoints go ("": the run directory's checkpoints/)
     keep: int = 3  # periodic checkpoints kept (the oldest are deleted); 0 keeps all
     on_trainer_failure: str = "stop"  # "stop": a clear error; "restore": from the last checkpoint, and go on
 
@@ -257,131 +248,27 @@ class CheckpointConfig:
 
 
 @dataclass
-class Config:
-    model: ModelConfig = field(default_factory=ModelConfig)
-    task: TaskConfig = field(default_factory=TaskConfig)
-    engine: EngineConfig = field(default_factory=EngineConfig)
-    mesh: MeshConfig = field(default_factory=MeshConfig)
-    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
-    live: LiveConfig = field(default_factory=LiveConfig)
-    weights: WeightsConfig = field(default_factory=WeightsConfig)
-    slurm: SlurmConfig = field(default_factory=SlurmConfig)
-    eval: EvalConfig = field(default_factory=EvalConfig)
-    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
-    seed: int = 0
+class LogConfig:
+    """What a run leaves in its run directory (log.dir, else $FORGE_NB_RUNS or ./forge_runs, then the run id)."""
 
-    def validate(self) -> Config:
-        for section in _SECTIONS:
-            getattr(self, section).validate()
-        return self
+    dir: str = ""
+    samples: bool = True  # the rollout log: every sample of every step, as Parquet, in <run dir>/rollouts
+    max_mb: float = 512.0  # the rollout log's size bound (the oldest steps' files go first)
+    tensorboard: bool = False  # TensorBoard event files in <run dir>/tensorboard
+    wandb: bool = False  # a Weights & Biases run in <run dir>
+    wandb_mode: str = "offline"  # "offline" (no account; `wandb sync` uploads later) or "online"
+    wandb_project: str = "forge_nb"
+    mlflow: bool = False  # an MLflow run in the file store <run dir>/mlruns
 
-    def engine_name(self) -> str:
-        """The engine that serves this config: engine.name, with "auto" resolved for this model and
-        machine (`forge_nb.engines.resolve_engine_name`)."""
-        from forge_nb.engines import resolve_engine_name
+    def validate(self) -> None:
+        import importlib.util
 
-        return resolve_engine_name(self.engine.name, self.model.resolved_path())
-
-    @property
-    def serve_dtype(self) -> str:
-        """The dtype generators serve in (weights are converted on publish)."""
-        return self.model.dtype if self.weights.serve_dtype == "same" else self.weights.serve_dtype
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, values: dict[str, Any]) -> Config:
-        return cls().updated(values)
-
-    @classmethod
-    def from_yaml(cls, path: str | Path) -> Config:
-        return cls.from_dict(yaml.safe_load(Path(path).read_text()) or {})
-
-    def updated(self, values: dict[str, Any]) -> Config:
-        """A copy with `values` applied (section dicts, dotted or unique bare names), validated."""
-        new = dataclasses.replace(self, **{s: dataclasses.replace(getattr(self, s)) for s in _SECTIONS})
-        for key, value in values.items():
-            if key in _SECTIONS and isinstance(value, dict):
-                for sub, v in value.items():
-                    _set(new, f"{key}.{sub}", v)
-            elif key in _MAIN_FIELD and isinstance(value, str):
-                _set(new, f"{key}.{_MAIN_FIELD[key]}", value)
-            else:
-                _set(new, _qualify(key), value)
-        return new.validate()
-
-
-_SECTIONS = ("model", "task", "engine", "mesh", "algorithm", "live", "weights", "slurm", "eval", "checkpoint")
-# A section given as a plain string sets its main field: model="smollm2-135m-instruct", engine="vllm", task="addition".
-_MAIN_FIELD = {"model": "path", "engine": "name", "task": "name"}
-
-
-def _fields(section: str) -> dict[str, dataclasses.Field]:
-    return {f.name: f for f in dataclasses.fields(Config.__dataclass_fields__[section].default_factory)}
-
-
-def _all_names() -> list[str]:
-    return ["seed"] + [f"{s}.{f}" for s in _SECTIONS for f in _fields(s)]
-
-
-def _qualify(key: str) -> str:
-    """Bare field name -> "section.field" when exactly one section has it."""
-    if "." in key or key == "seed":
-        return key
-    owners = [s for s in _SECTIONS if key in _fields(s)]
-    if len(owners) == 1:
-        return f"{owners[0]}.{key}"
-    if len(owners) > 1:
-        raise ConfigError(f"{key!r} is ambiguous; say one of {[f'{s}.{key}' for s in owners]}")
-    return key
-
-
-def _set(config: Config, name: str, value: Any) -> None:
-    if name not in _all_names():
-        close = difflib.get_close_matches(name, _all_names(), n=3)
-        hint = f"; did you mean {' or '.join(close)}?" if close else f"; known fields: {', '.join(_all_names())}"
-        raise ConfigError(f"unknown config field {name!r}{hint}")
-    if name == "seed":
-        config.seed = _coerce(name, value, int)
-        return
-    section, sub = name.split(".")
-    expected = type(getattr(Config(), section).__getattribute__(sub))
-    setattr(getattr(config, section), sub, _coerce(name, value, expected))
-
-
-def _coerce(name: str, value: Any, expected: type) -> Any:
-    """Accept ints for floats (1 -> 1.0); reject everything else of the wrong type, bools included."""
-    if expected is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
-    if isinstance(value, bool) and expected is not bool:
-        raise ConfigError(f"{name} must be {expected.__name__}, got bool {value!r}")
-    if not isinstance(value, expected):
-        raise ConfigError(f"{name} must be {expected.__name__}, got {type(value).__name__} {value!r}")
-    return value
-
-
-def parse_overrides(pairs: list[str]) -> dict[str, Any]:
-    """["lr=1e-4", "group_size=4"] -> {"lr": 0.0001, "group_size": 4}: values are YAML scalars."""
-    out = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep:
-            raise ConfigError(f"expected FIELD=VALUE, got {pair!r}")
-        loaded = yaml.safe_load(value)
-        # YAML 1.1 reads 01:00:00 as the sexagesimal int 3600; a time limit must stay a string.
-        out[key] = value if isinstance(loaded, int) and ":" in value else _yaml_float(loaded)
-    return out
-
-
-def _yaml_float(value: Any) -> Any:
-    """YAML 1.1 reads 1e-4 (no dot) as a string; a number is what anyone typing it means."""
-    if isinstance(value, str):
-        try:
-            return float(value)
-        except ValueError:
-            pass
-    return value
+        if not self.max_mb > 0:
+            raise ConfigError(f"log.max_mb must be > 0, got {self.max_mb}")
+        _choice("log.wandb_mode", self.wandb_mode, ("offline", "online"))
+        for name in ("tensorboard", "wandb", "mlflow"):
+            if getattr(self, name) and importlib.util.find_spec(name) is None:
+                raise ConfigError(f"log.{name} is on, but {name} is not installed: pip install 'forge_nb[tracking]'")
 
 
 def _at_least(name: str, value: float, low: float) -> None:

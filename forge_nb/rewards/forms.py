@@ -1,0 +1,43 @@
+"""The two forms a reward (or a weak verifier) can take, and which keywords each one is called with.
+
+Per sample: ``reward(prompt, completion, target, **context) -> float``, called once per sample.
+
+Batched (TRL's form): any function with a parameter called ``completions``. It is called once per
+batch with the batch's columns as keywords -- ``prompts``, ``completions``, ``targets``, and one list
+per context column under that column's name (``step``, ``policy_version``, ``sample_id``,
+``prompt_id`` and the dataset's own columns) -- and returns one float per sample. A model judge
+scores a whole batch in a few forward passes; a weak-verifier ensemble fits over the whole batch.
+
+Both forms get only the keywords they name, or every one with ``**kwargs``.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+
+BATCHED_MARK = "completions"
+
+
+def parameters(fn: Callable) -> list[inspect.Parameter] | None:
+    """`fn`'s parameters (a callable object's ``__call__`` without ``self``), or None if unknown."""
+    try:
+        return list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return None
+
+
+def is_batched(fn: Callable) -> bool:
+    """Whether `fn` takes the batch's columns at once (it has a parameter called ``completions``)."""
+    params = parameters(fn)
+    return params is not None and any(p.name == BATCHED_MARK for p in params)
+
+
+def keywords_for(fn: Callable) -> Callable[[dict], dict]:
+    """Which of the available keywords `fn` takes: all of them when it has ``**kwargs``, else only
+    the ones it names (so ``def reward(prompt, completion, target)`` works too)."""
+    params = parameters(fn)
+    if params is None or any(p.kind is p.VAR_KEYWORD for p in params):
+        return lambda values: values
+    named = {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    return lambda values: {k: v for k, v in values.items() if k in named}

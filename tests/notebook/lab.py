@@ -1,0 +1,96 @@
+"""A real JupyterLab server for browser tests (Debian's headless Chromium driven by Playwright): notebooks
+written from cell sources, token auth on loopback, no news toast, no restored layout; stopped after,
+kernels and their mesh procs included, and checked to leave no process behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import nbformat
+import psutil
+
+CHROMIUM_FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+
+
+def write_notebook(path: Path, cells: list[str]) -> None:
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells])
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nbformat.write(nb, path)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@contextmanager
+def jupyter_lab(root: Path, token: str = "forge-nb-test") -> Iterator[str]:
+    """JupyterLab serving `root` -> its base URL (add ``?token=`` + `token`)."""
+    settings = root / "settings" / "@jupyterlab" / "apputils-extension"
+    settings.mkdir(parents=True, exist_ok=True)
+    # No "would you like to be notified about news" toast over the notebook.
+    (settings / "notification.jupyterlab-settings").write_text(json.dumps({"fetchNews": "false"}))
+    env = {
+        **os.environ,
+        "JUPYTERLAB_SETTINGS_DIR": str(root / "settings"),
+        "JUPYTERLAB_WORKSPACES_DIR": str(root / "workspaces"),  # no layout restored from another run
+        "JUPYTER_RUNTIME_DIR": str(root / "rt"),
+    }
+    port = _free_port()
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "jupyter",
+            "lab",
+            "--no-browser",
+            "--allow-root",
+            "--ServerApp.ip=127.0.0.1",
+            f"--ServerApp.port={port}",
+            f"--IdentityProvider.token={token}",
+            f"--ServerApp.root_dir={root}",
+            "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=(root / "server.log").open("w"),
+    )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            urllib.request.urlopen(f"{url}/api/status?token={token}", timeout=2)
+            break
+        except OSError:
+            time.sleep(0.5)
+    try:
+        yield url
+    finally:
+        procs = [server, *(psutil.Process(server.pid).children(recursive=True))]
+        server.send_signal(signal.SIGINT)  # jupyter asks to confirm on the first ^C: the second stops it
+        time.sleep(0.5)
+        server.send_signal(signal.SIGINT)
+        _, alive = psutil.wait_procs([psutil.Process(p.pid) for p in procs if psutil.pid_exists(p.pid)], timeout=60)
+        for p in alive:
+            p.kill()
+        assert alive == [], f"left running after the server stopped: {alive}"

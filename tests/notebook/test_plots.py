@@ -1,0 +1,22 @@
+"""The dashboard's static picture (a saved notebook's fallback where widgets do not render)."""
+
+import pandas as pd
+
+from forge_nb.notebook import plots
+
+
+def test_step_rows_draw_to_a_png():
+    steps = pd.DataFrame(
+        {
+            "step": [1, 2, 3],
+            "mean_reward": [0.2, 0.4, 0.5],
+            "accuracy": [0.2, 0.4, 0.5],
+            "tokens_per_s": [900.0, 1100.0, 1000.0],
+            "generate_s": [0.1, 0.1, 0.1],
+            "train_s": [0.2, 0.2, 0.2],
+            "refresh_gbps": [1.0, 1.2, 1.1],
+        }
+    )
+    assert plots.available()
+    png = plots.png(plots.step_figure(steps, title="run"))
+    assert png.startswith(b"\x89PNG") and len(png) > 10_000
