@@ -93,7 +93,7 @@ def test_binder_files_build_an_environment_that_runs_tutorial_01(tmp_path):
             "--execute",
             "--ExecutePreprocessor.timeout=600",
             f"--output={executed}",
-            TUTORIAL,
+            Path(TUTORIAL).name,
         ],
         repo / "notebooks",
         env,
