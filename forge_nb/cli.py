@@ -35,22 +35,29 @@ def demo(minutes: float, steps: int | None, every: int, config: Config) -> pd.Da
     started = time.perf_counter()
     with Session.up(config) as session:
         print(f"mesh up in {time.perf_counter() - started:.1f} s: {session.pids}")
-        before = session.evaluate()["heldout_accuracy"]
-        print(f"held-out accuracy before: {before:.3f}")
+        before = _heldout(session)
+        print(f"held-out accuracy before: {before}")
         frames, deadline = [], time.perf_counter() + minutes * 60
         while (steps is None and time.perf_counter() < deadline) or (steps is not None and session.step_count < steps):
             chunk = session.step(every if steps is None else min(every, steps - session.step_count), progress=False)
             frames.append(chunk)
             _print_rows(chunk, header=len(frames) == 1)
-        after = session.evaluate()["heldout_accuracy"]
+        after = _heldout(session)
     table = pd.concat(frames)
     first, last = table.head(every), table.tail(every)
-    print(f"held-out accuracy after:  {after:.3f}  (before {before:.3f})")
+    print(f"held-out accuracy after:  {after}  (before: {before})")
     print(
         f"mean reward, first {len(first)} steps: {first.mean_reward.mean():.3f}; "
         f"last {len(last)} steps: {last.mean_reward.mean():.3f}"
     )
     return table
+
+
+def _heldout(session) -> str:
+    """Held-out accuracy greedy (one answer per problem) and sampled (the trained policy itself, at
+    engine.temperature, eval.samples_per_prompt per problem): the sampled one moves first."""
+    greedy, sampled = (session.evaluate(greedy=g)["heldout_accuracy"] for g in (True, False))
+    return f"greedy {greedy:.3f}, sampled {sampled:.3f}"
 
 
 def _print_rows(chunk: pd.DataFrame, header: bool) -> None:

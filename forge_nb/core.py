@@ -283,12 +283,12 @@ class SessionCore:
         with self.generation_lock, self.training_lock:
             yield
 
-    def evaluate(self, max_tokens: int | None = None) -> dict[str, float]:
-        """The held-out prompts under the generator's current weights, greedy or sampled (`eval.*`):
-        heldout_accuracy (the task's verifier), eval_reward and each reward member's mean, ..."""
+    def evaluate(self, max_tokens: int | None = None, greedy: bool | None = None) -> dict[str, float]:
+        """The held-out prompts under the generator's current weights, greedy or sampled (`eval.*`, or
+        `greedy` for this call): heldout_accuracy (the task's verifier), eval_reward, per member, ..."""
         with self.generation_lock:
-            actors = self._require_up()
-            result = evaluation.evaluate(actors, self.task, self.prompts, self.config, self.step_count, max_tokens)
+            args = self.task, self.prompts, self.config, self.step_count, max_tokens, greedy
+            result = evaluation.evaluate(self._require_up(), *args)
             self.metrics_stream.emit("eval", step=self.step_count, **result)
             return result
 

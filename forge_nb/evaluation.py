@@ -23,15 +23,25 @@ from forge_nb.tasks.prompts import PromptFormat
 
 
 def evaluate(
-    actors: Roles, task: Task, prompts: PromptFormat, config: Config, step: int, max_tokens: int | None = None
+    actors: Roles,
+    task: Task,
+    prompts: PromptFormat,
+    config: Config,
+    step: int,
+    max_tokens: int | None = None,
+    greedy: bool | None = None,
 ) -> dict[str, float]:
     """Every held-out prompt under the weights the generator serves now: greedy (one completion
-    each) or sampled (`eval.samples_per_prompt` each, at engine.temperature), per `config.eval`.
+    each) or sampled (`eval.samples_per_prompt` each, at engine.temperature), per `config.eval`
+    or `greedy` when given.
 
     -> policy_version; heldout_accuracy (the task's verifier); eval_reward (the live weighted
     reward) and eval_reward/<member> for each reward member; eval_failed (samples a reward failed
-    on); truncated (share that hit max_tokens); eval_s (generation seconds)."""
+    on); truncated (share that hit max_tokens); eval_samples; eval_greedy (1.0 or 0.0); eval_s (generation
+    seconds)."""
     e, engine = config.eval, config.engine
+    if greedy is not None:  # this call only
+        e = dataclasses.replace(e, greedy=greedy)
     problems = task.eval_set()
     texts, ids = prompts.render_all(problems)
     sampling = engine.sampling(1 if e.greedy else e.samples_per_prompt, config.seed, 0.0 if e.greedy else None)
@@ -50,6 +60,7 @@ def evaluate(
         "eval_failed": len(episodes) - len(scored),
         "truncated": sum(x.finish_reason == "length" for x in episodes) / len(episodes),
         "eval_samples": len(episodes),
+        "eval_greedy": float(e.greedy),
         "eval_s": generation.seconds,
     }
 

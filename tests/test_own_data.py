@@ -80,6 +80,8 @@ def test_evaluation_scores_the_held_out_split_with_every_reward_and_runs_every_n
     result = s.evaluate()
     assert result["eval_samples"] == 6 and 0.0 <= result["heldout_accuracy"] <= 1.0
     assert {"eval_reward", "eval_reward/reward", "eval_reward/bonus", "truncated"} <= set(result)
+    sampled = s.evaluate(greedy=False)  # this call only: eval.samples_per_prompt (4) samples per problem
+    assert sampled["eval_samples"] == 6 * 4 and sampled["eval_greedy"] == 0.0 and result["eval_greedy"] == 1.0
     evals_before = len(s.metrics_stream.rows("eval"))
     start = s.step_count
     s.step(4)

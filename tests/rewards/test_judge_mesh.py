@@ -3,7 +3,8 @@ own, started when a reward first asks it (also after a resume), respawned when i
 losing a sample; nothing is left running."""
 
 import os
-import signal
+import subprocess
+import sys
 import time
 
 import pytest
@@ -78,14 +79,34 @@ def test_a_resumed_session_starts_its_judge_when_the_first_batch_asks_and_loses_
         r.down()
 
 
-@pytest.mark.skip(
-    reason="the respawn works (the test's asserts pass), but the session's down() afterwards ends the controller "
-    "process with exit status 1 and no traceback (Monarch, torchmonarch 0.7): open in #19"
-)
-def test_a_judge_whose_proc_dies_is_respawned_and_no_sample_is_lost(s):
-    (old,) = s.pids["judge"]
-    os.kill(old, signal.SIGKILL)
-    s.step(1)  # the judge is respawned before the batch is scored, or the batch is scored again after
-    assert all(e.reward_error is None and 0.0 <= e.rewards["judge"] <= 1.0 for e in s.buffer.recent(16))
-    assert s.pids["judge"] != [old]
-    assert any(e["role"] == "judge" and str(old) in e["what"] for e in s.status()["events"])
+# Runs in a child process: once this ended the controller (exit status 1, no traceback, in down() after
+# the respawn; seen once in a full suite run, not reproduced since). In a child a recurrence fails this test
+# with its exit status and output instead of ending the suite.
+KILL_THE_JUDGE = """
+import os, signal, sys
+import forge_nb
+from forge_nb.rewards import judge
+s = forge_nb.up(prompts_per_step=4, group_size=4, threads_per_proc=1, timeout_s=0.5, probe_size=8)
+s.set_reward(judge(timeout_s=120), name="judge", weight=0.0)
+s.step(1)
+(old,) = s.pids["judge"]
+os.kill(old, signal.SIGKILL)
+s.step(1)  # the judge is respawned before the batch is scored, or the batch is scored again after
+assert all(e.reward_error is None and 0.0 <= e.rewards["judge"] <= 1.0 for e in s.buffer.recent(16))
+assert s.pids["judge"] != [old], s.pids
+assert any(e["role"] == "judge" and str(old) in e["what"] for e in s.status()["events"])
+s.down()
+print("DOWN RETURNED", flush=True)
+"""
+
+
+def test_a_judge_whose_proc_dies_is_respawned_and_no_sample_is_lost(tmp_path):
+    out = subprocess.run(
+        [sys.executable, "-c", KILL_THE_JUDGE], cwd=tmp_path, capture_output=True, text=True, timeout=500
+    )
+    assert out.returncode == 0 and "DOWN RETURNED" in out.stdout, (
+        out.returncode,
+        out.stdout[-2000:],
+        out.stderr[-4000:],
+    )
+    assert wait_no_children() == []
