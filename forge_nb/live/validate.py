@@ -21,7 +21,7 @@ import torch
 
 from forge_nb.live.deadline import wait_for
 from forge_nb.rewards.batch import RewardBatch, RewardSample, columns_of
-from forge_nb.rewards.forms import is_batched, keywords_for
+from forge_nb.rewards.forms import by_name, is_batched, keywords_for
 from forge_nb.rewards.judge_client import JudgeUnavailable
 from forge_nb.rl.train_step import takes_ref
 
@@ -109,8 +109,12 @@ def batch_values(values: Any, size: int) -> list:
     return out
 
 
-def call_reward(fn: Callable, sample: RewardSample, context: Callable[[dict], dict]) -> float:
-    """`fn` on one sample, its value checked (`CheckFailed` if it is not a finite real number)."""
+def call_reward(fn: Callable, sample: RewardSample, context: Callable[[dict], dict], named: bool = False) -> float:
+    """`fn` on one sample, its value checked (`CheckFailed` if it is not a finite real number);
+    `named`: the sample's fields go by keyword too (`forms.by_name`)."""
+    if named:
+        fields = {"prompt": sample.prompt, "completion": sample.completion, "target": sample.target}
+        return check_reward_value(fn(**context({**sample.context, **fields})))
     return check_reward_value(fn(sample.prompt, sample.completion, sample.target, **context(sample.context)))
 
 
@@ -120,10 +124,10 @@ def score_each(
     """Score every sample with per-sample `fn`, writing `values[i]` (a float) or `errors[i]` (why
     not) as it goes, so a caller that gives up on a hung reward still sees what was done; judges that
     could not answer go into `judges` (model -> problem)."""
-    context = keywords_for(fn)
+    context, named = keywords_for(fn), by_name(fn)
     for i, sample in enumerate(samples):
         try:
-            values[i] = call_reward(fn, sample, context)
+            values[i] = call_reward(fn, sample, context, named)
         except CheckFailed as e:
             errors[i] = str(e)
         except JudgeUnavailable as e:
@@ -188,13 +192,13 @@ def validate_reward(fn: Callable, samples: list[RewardSample], timeout: float | 
     `CheckFailed` names the first bad one."""
     if is_batched(fn):
         return run_with_timeout(lambda: _validate_batched(fn, samples), timeout)
-    context = keywords_for(fn)
+    context, named = keywords_for(fn), by_name(fn)
 
     def score_all() -> list[float]:
         values = []
         for i, p in enumerate(samples):
             try:
-                values.append(call_reward(fn, p, context))
+                values.append(call_reward(fn, p, context, named))
             except CheckFailed as e:
                 raise CheckFailed(f"{e} {_where(i, p)}") from None
             except JudgeUnavailable:

@@ -8,7 +8,10 @@ per context column under that column's name (``step``, ``policy_version``, ``sam
 ``prompt_id`` and the dataset's own columns) -- and returns one float per sample. A model judge
 scores a whole batch in a few forward passes; a weak-verifier ensemble fits over the whole batch.
 
-Both forms get only the keywords they name, or every one with ``**kwargs``.
+Both forms get only the keywords they name, or every one with ``**kwargs``. A per-sample reward that
+names any of ``prompt``, ``completion``, ``target`` gets those by name as well, so it takes only what it
+uses (``def brief(completion)``); one that names none of them (``def r(p, c, t)``) gets the three
+positionally.
 """
 
 from __future__ import annotations
@@ -31,6 +34,18 @@ def is_batched(fn: Callable) -> bool:
     """Whether `fn` takes the batch's columns at once (it has a parameter called ``completions``)."""
     params = parameters(fn)
     return params is not None and any(p.name == BATCHED_MARK for p in params)
+
+
+SAMPLE_FIELDS = ("prompt", "completion", "target")
+
+
+def by_name(fn: Callable) -> bool:
+    """Whether per-sample `fn` is called with keywords only (it names a sample field and takes no
+    positional-only or ``*args`` parameter), else ``fn(prompt, completion, target, **context)``."""
+    params = parameters(fn)
+    if params is None or any(p.kind in (p.POSITIONAL_ONLY, p.VAR_POSITIONAL) for p in params):
+        return False
+    return any(p.name in SAMPLE_FIELDS for p in params)
 
 
 def keywords_for(fn: Callable) -> Callable[[dict], dict]:

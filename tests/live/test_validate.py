@@ -20,6 +20,20 @@ def test_a_good_reward_returns_one_float_per_sample():
     assert validate_reward(lambda p, c, t, **k: float(c == t), PROBES, 1.0) == [1.0, 0.0]
 
 
+def brief(completion):
+    return float(completion.isdigit())
+
+
+def right_step(completion, target, step):
+    return float(completion == target) + step
+
+
+def test_a_reward_takes_only_the_fields_it_names_or_all_three_positionally():
+    assert validate_reward(brief, PROBES, 1.0) == [1.0, 1.0]
+    assert validate_reward(right_step, PROBES, 1.0) == [1.0, 0.0]
+    assert validate_reward(lambda p, c, t: float(c == t), PROBES, 1.0) == [1.0, 0.0]  # any names, in order
+
+
 @pytest.mark.parametrize(
     ("fn", "message"),
     [
