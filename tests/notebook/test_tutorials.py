@@ -48,7 +48,17 @@ def test_a_tutorial_whose_cell_raises_fails_the_suite(tmp_path):
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     nbformat.write(nb, tmp_path / "99_broken.ipynb")
     out = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--rootdir={ROOT}", str(tmp_path)],
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-c",
+            str(ROOT / "pyproject.toml"),
+            str(tmp_path),
+        ],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -71,5 +81,7 @@ def test_stored_outputs_are_a_whole_run_without_library_noise(path):
         assert bool(errors) == expected_error, f"{path.name}: {cell.source[:60]!r} errors {errors}"
         text = "".join(o.get("text", "") + str(o.get("data", {}).get("text/plain", "")) for o in cell.outputs)
         assert not [n for n in NOISE if n in text], f"{path.name}: library noise in {cell.source[:60]!r}"
-    pictures = sum("image/png" in o.get("data", {}) for c in cells for o in c.outputs)
-    assert pictures >= 1, f"{path.name}: no plot a saved notebook can show"
+    for cell in cells:  # a cell that draws (matplotlib, the dashboard) stores a picture GitHub can show
+        if "plt." in cell.source or ".dashboard()" in cell.source:
+            pictures = [o for o in cell.outputs if "image/png" in o.get("data", {})]
+            assert pictures, f"{path.name}: no picture stored for {cell.source[:60]!r}"
