@@ -5,47 +5,17 @@ import time
 
 import psutil
 import pytest
-from jupyter_client.manager import start_new_kernel
+
+from tests.notebook.kernel import Kernel
 
 UP = "%forge up prompts_per_step=4 group_size=4 threads_per_proc=1 timeout_s=2.0"
-
-
-class Kernel:
-    def __init__(self) -> None:
-        self.manager, self.client = start_new_kernel(kernel_name="python3")
-
-    def run(self, code: str, timeout: float = 120) -> tuple[str, dict]:
-        """Execute `code` -> (all text output, the reply content); fail on an error reply."""
-        texts: list[str] = []
-
-        def collect(msg):
-            content = msg["content"]
-            if msg["msg_type"] == "stream":
-                texts.append(content["text"])
-            elif msg["msg_type"] in ("execute_result", "display_data"):
-                texts.append(content["data"].get("text/plain", ""))
-            elif msg["msg_type"] == "error":
-                texts.append("\n".join(content["traceback"]))
-
-        reply = self.client.execute_interactive(code, timeout=timeout, output_hook=collect)
-        return "".join(texts), reply["content"]
-
-    def ok(self, code: str, timeout: float = 120) -> str:
-        text, content = self.run(code, timeout)
-        assert content["status"] == "ok", text
-        return text
-
-    @property
-    def pid(self) -> int:
-        return self.manager.provisioner.process.pid
 
 
 @pytest.fixture(scope="module")
 def kernel():
     k = Kernel()
     yield k
-    k.client.stop_channels()
-    k.manager.shutdown_kernel(now=True)
+    k.stop()
 
 
 def _descendants(pid: int) -> list[int]:

@@ -6,9 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from jupyter_client.manager import start_new_kernel
-
 from tests.conftest import wait_no_children
+from tests.notebook.kernel import Kernel
 
 CELLS = [
     "import forge_nb\ns = forge_nb.up(prompts_per_step=4, group_size=4, threads_per_proc=1)",
@@ -19,31 +18,13 @@ CELLS = [
 ]
 
 
-def run(client, code: str) -> str:
-    texts: list[str] = []
-
-    def collect(msg):
-        content = msg["content"]
-        if msg["msg_type"] == "stream":
-            texts.append(content["text"])
-        elif msg["msg_type"] in ("execute_result", "display_data"):
-            texts.append(content["data"].get("text/plain", ""))
-        elif msg["msg_type"] == "error":
-            texts.append("\n".join(content["traceback"]))
-
-    reply = client.execute_interactive(code, timeout=180, output_hook=collect)
-    assert reply["content"]["status"] == "ok", "".join(texts)
-    return "".join(texts)
-
-
 def test_cells_show_no_monarch_noise_and_the_log_keeps_it(tmp_path, monkeypatch):
     monkeypatch.setenv("FORGE_NB_LOG_DIR", str(tmp_path))
-    manager, client = start_new_kernel(kernel_name="python3")
+    kernel = Kernel()
     try:
-        shown = [run(client, cell) for cell in CELLS]
+        shown = [kernel.ok(cell, timeout=180) for cell in CELLS]
     finally:
-        client.stop_channels()
-        manager.shutdown_kernel(now=True)
+        kernel.stop()
     everything = "".join(shown)
     for noise in ("Monarch internal logs are being written", "[RdmaXcel]"):
         assert noise not in everything

@@ -1,0 +1,41 @@
+"""A real IPython kernel driven through jupyter_client, for tests that run cells in it."""
+
+from __future__ import annotations
+
+from jupyter_client.manager import start_new_kernel
+
+
+class Kernel:
+    """A fresh python3 kernel; `stop()` shuts it down."""
+
+    def __init__(self) -> None:
+        self.manager, self.client = start_new_kernel(kernel_name="python3")
+
+    def run(self, code: str, timeout: float = 120) -> tuple[str, dict]:
+        """Execute `code` -> (all text output, the reply content)."""
+        texts: list[str] = []
+
+        def collect(msg):
+            content = msg["content"]
+            if msg["msg_type"] == "stream":
+                texts.append(content["text"])
+            elif msg["msg_type"] in ("execute_result", "display_data"):
+                texts.append(content["data"].get("text/plain", ""))
+            elif msg["msg_type"] == "error":
+                texts.append("\n".join(content["traceback"]))
+
+        reply = self.client.execute_interactive(code, timeout=timeout, output_hook=collect)
+        return "".join(texts), reply["content"]
+
+    def ok(self, code: str, timeout: float = 120) -> str:
+        text, content = self.run(code, timeout)
+        assert content["status"] == "ok", text
+        return text
+
+    @property
+    def pid(self) -> int:
+        return self.manager.provisioner.process.pid
+
+    def stop(self) -> None:
+        self.client.stop_channels()
+        self.manager.shutdown_kernel(now=True)
