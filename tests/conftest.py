@@ -20,6 +20,21 @@ def child_processes(exclude: frozenset[int] = frozenset()) -> list[psutil.Proces
     return alive
 
 
+def wait_gone(pids: list[int], timeout: float = 10.0) -> list[int]:
+    """Wait up to `timeout` s for the processes `pids` (children or not) to exit -> those still alive."""
+    deadline = time.monotonic() + timeout
+    while (left := [p for p in pids if _alive(p)]) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return left
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
 def wait_no_children(timeout: float = 10.0, exclude: frozenset[int] = frozenset()) -> list[psutil.Process]:
     """Wait up to `timeout` s for every descendant (but `exclude`) to exit -> those still alive."""
     deadline = time.monotonic() + timeout

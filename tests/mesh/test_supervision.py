@@ -12,7 +12,7 @@ import psutil
 import pytest
 
 import forge_nb
-from tests.conftest import wait_no_children
+from tests.conftest import wait_gone, wait_no_children
 
 P, G = 4, 4
 
@@ -82,14 +82,4 @@ def test_a_killed_controller_takes_its_mesh_with_it(tmp_path):
     finally:
         controller.send_signal(signal.SIGKILL)
         controller.wait(10)
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and any(_alive(p) for p in pids):
-        time.sleep(0.1)
-    assert [p for p in pids if _alive(p)] == []
-
-
-def _alive(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
+    assert wait_gone(pids, timeout=10) == []

@@ -7,13 +7,12 @@ import subprocess
 import sys
 import time
 
-import psutil
 import pytest
 
 import forge_nb
 from forge_nb.live.capture import LiveCodeError
 from forge_nb.rewards import Ensemble, addition_verifiers, judge
-from tests.conftest import wait_no_children
+from tests.conftest import wait_gone, wait_no_children
 
 pytestmark = pytest.mark.slow  # SmolLM2-135M-Instruct judges
 
@@ -113,14 +112,4 @@ def test_a_judge_whose_proc_dies_is_respawned_and_no_sample_is_lost(tmp_path):
     )
     # The child's procs are not this process's children: check them by pid (the module's session is still up).
     pids = [int(p) for p in out.stdout.split("DOWN RETURNED", 1)[1].split()]
-    deadline = time.monotonic() + 30
-    while (alive := [p for p in pids if _alive(p)]) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert len(pids) >= 5 and alive == []
-
-
-def _alive(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
+    assert len(pids) >= 5 and wait_gone(pids, timeout=30) == []
