@@ -19,7 +19,7 @@ from tests.conftest import wait_no_children
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[1]
-TUTORIAL = "notebooks/01_quickstart.ipynb"
+TUTORIAL = "01_quickstart.ipynb"  # in notebooks/, where it runs
 
 
 def checkout(dest: Path) -> Path:
@@ -93,7 +93,7 @@ def test_binder_files_build_an_environment_that_runs_tutorial_01(tmp_path):
             "--execute",
             "--ExecutePreprocessor.timeout=600",
             f"--output={executed}",
-            Path(TUTORIAL).name,
+            TUTORIAL,
         ],
         repo / "notebooks",
         env,
