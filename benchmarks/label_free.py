@@ -106,8 +106,8 @@ def grpo(reward: str, args: argparse.Namespace) -> dict:
         sets[SETS[1]] = s.probe_samples(args.samples)
         steps = s.metrics_stream.to_pandas("step")
         tenth = max(1, len(steps) // 10)
-        last = s.buffer.recent(10_000)
-        labels = np.array([s.task.verify(e.completion, e.target) for e in last])
+        last = s.state.buffer.recent(10_000)
+        labels = np.array([s.state.task.verify(e.completion, e.target) for e in last])
         agreement = ((np.array([e.reward for e in last]) > 0.5) == labels).mean()
         return {
             "greedy": (before, after),

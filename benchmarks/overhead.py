@@ -99,10 +99,10 @@ def main() -> None:
     try:
         plain_rows, mesh_rows = [], []
         for _ in range(args.warmup):
-            plain.step(session.sampling())
+            plain.step(session.state.sampling())
         session.step(args.warmup, progress=False)
         for _ in range(args.blocks):
-            plain_rows += [plain.step(session.sampling()) for _ in range(args.steps_per_block)]
+            plain_rows += [plain.step(session.state.sampling()) for _ in range(args.steps_per_block)]
             mesh_rows += session.step(args.steps_per_block, progress=False).to_dict("records")
     finally:
         session.down()

@@ -52,7 +52,7 @@ ENSEMBLE = "rule ensemble (batched)"
 def samples(session, n: int) -> RewardBatch:
     """`n` real completions of the bundled model on training prompts, as one batch of columns."""
     group = session.config.algorithm.group_size
-    rollout = session.rollout(session.task.sample(-(-n // group)))
+    rollout = session.rollout(session.state.task.sample(-(-n // group)))
     return reward_batch(rollout.episodes[:n], step=0)
 
 

@@ -17,17 +17,17 @@ __version__ = "0.1.0"
 
 
 def up(config: Config | None = None, **overrides: Any):
-    """Start a session (see `forge_nb.session.Session.up`)."""
-    from forge_nb.session import Session  # deferred: importing Monarch and torch takes a second
+    """Start a session (see `forge_nb.session.Session.up`; with a notebook's views: `notebook.session`)."""
+    from forge_nb.notebook.session import NotebookSession  # deferred: importing Monarch and torch takes a second
 
-    return Session.up(config, **overrides)
+    return NotebookSession.up(config, **overrides)
 
 
 def resume(path, **overrides: Any):
     """A session that goes on exactly where the checkpoint at `path` was (see `Session.restore`)."""
-    from forge_nb.session import Session
+    from forge_nb.notebook.session import NotebookSession
 
-    return Session.restore(path, **overrides)
+    return NotebookSession.restore(path, **overrides)
 
 
 def _current_session():

@@ -18,6 +18,7 @@ from forge_nb.rewards.batch import reward_batch
 from forge_nb.rl.advantages import group_relative
 from forge_nb.rl.episode import Episode
 from forge_nb.rl.rollout import apply_scores, make_episodes
+from forge_nb.state import RunState
 from forge_nb.tasks.base import Task
 from forge_nb.tasks.prompts import PromptFormat
 
@@ -65,10 +66,11 @@ def evaluate(
     }
 
 
-def probe_samples(actors: Roles, task: Task, prompts: PromptFormat, sampling: SamplingParams, n: int) -> list[Episode]:
-    """`n` fresh samples of held-out prompts (groups of `sampling.n`), scored by the task's verifier,
-    with group-relative advantages: what a candidate reward or loss is validated on before the
-    first rollout."""
+def probe_samples(actors: Roles, state: RunState, n: int) -> list[Episode]:
+    """`n` fresh samples of held-out prompts (groups of 4), scored by the task's verifier, with
+    group-relative advantages: what a candidate reward or loss is validated on before the first
+    rollout (the next rollout's seed; nothing is counted or stored)."""
+    task, prompts, sampling = state.task, state.prompts, state.sampling(n=4)
     group = sampling.n
     problems = task.eval_set()[: -(-n // group)]
     texts, ids = prompts.render_all(problems)
@@ -79,6 +81,16 @@ def probe_samples(actors: Roles, task: Task, prompts: PromptFormat, sampling: Sa
     for x, r, a in zip(episodes, rewards.tolist(), advantages):
         x.reward, x.advantage = r, a
     return episodes[:n]
+
+
+def generate(
+    actors: Roles, prompts: PromptFormat, prompt: str | list[dict], sampling: SamplingParams, max_tokens: int | None
+) -> list[str]:
+    """`sampling.n` completions of one prompt (a string or chat messages, in the task's prompt format)
+    from the weights served now: nothing is scored, stored or trained on."""
+    _, ids = prompts.encode(prompt)
+    sampling = dataclasses.replace(sampling, max_tokens=max_tokens or sampling.max_tokens)
+    return [c.text for c in actors.generate([ids], sampling).completions[0]]
 
 
 def _mean(values: list[float]) -> float:

@@ -1,7 +1,7 @@
-"""The training loop: one step (rollout -> train -> sync), and background runs, sync or async.
+"""Background runs, sync or async: the step (`forge_nb.step`) in threads, so the kernel stays free.
 
-Everything here drives a `StepDriver` (the session satisfies it): rollout, train, sync, the two
-policy versions, and a step counter. Each trained batch becomes one `StepRow` on the metrics
+Everything here drives a `StepDriver` (the session satisfies it): its locked step and phases, the
+policy versions and the step counter. Each trained batch becomes one `StepRow` on the metrics
 stream, whichever way it was run.
 
 Background runs live in threads so the kernel stays responsive. Pause, resume and stop take
@@ -24,35 +24,28 @@ import time
 import traceback
 from collections import Counter
 from collections.abc import Callable
-from contextlib import AbstractContextManager
-from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
-from forge_nb.metrics import MetricsStream
 from forge_nb.rl.rollout import Rollout
+from forge_nb.state import RunState
+from forge_nb.step import StepRow
 
 
 class StepDriver(Protocol):
-    """What the loop needs from a session."""
+    """What the loop needs from a session: its locked phases (`forge_nb.step` does the work) and the
+    run's state (policy versions, metrics stream, step counter)."""
 
-    metrics_stream: MetricsStream
-    step_count: int  # trained batches; `train` advances it
+    state: RunState
 
-    @property
-    def trainer_version(self) -> int: ...
-
-    @property
-    def generator_version(self) -> int: ...
+    def sync_step(self) -> StepRow:
+        """rollout -> train -> sync, holding both sides, then the step boundary (`after_step`)."""
+        ...
 
     def rollout(self) -> Rollout: ...
 
     def train(self, rollout: Rollout) -> dict[str, Any]: ...
 
     def sync(self) -> dict[str, Any]: ...
-
-    def whole_step(self) -> AbstractContextManager:
-        """Hold both sides (generation and training) for one synchronous step."""
-        ...
 
     def after_step(self, row: StepRow, rollout: Rollout, train: dict[str, Any]) -> None:
         """At the step boundary: evaluation and checkpoint when due, watches (which may pause the run)."""
@@ -61,83 +54,6 @@ class StepDriver(Protocol):
     def on_dropped(self, rollout: Rollout, staleness: int) -> None:
         """A batch the async run dropped as too stale (never trained on)."""
         ...
-
-
-@dataclass(frozen=True)
-class StepRow:
-    """One trained batch. Times in seconds; `tokens_per_s` generated tokens per generation second;
-    `refresh_gbps` in 1e9 bytes/s (0 in async runs, whose refreshes happen between generator
-    batches). `staleness` = trainer version - version that generated the batch, at train time."""
-
-    step: int
-    mode: str  # "sync" or "async"
-    policy_version: int
-    generator_version: int
-    staleness: int
-    mean_reward: float
-    accuracy: float
-    tokens_per_s: float
-    truncated: float  # share of the batch's completions cut off at max_tokens
-    generate_s: float
-    score_s: float
-    reference_s: float
-    train_s: float
-    refresh_s: float
-    refresh_gbps: float
-    loss: float
-    grad_norm: float
-    step_s: float
-
-    @classmethod
-    def of(
-        cls,
-        step: int,
-        mode: str,
-        rollout: Rollout,
-        train: dict[str, Any],
-        generator_version: int,
-        staleness: int,
-        step_s: float,
-        refresh: dict[str, Any] | None = None,
-    ) -> StepRow:
-        return cls(
-            step=step,
-            mode=mode,
-            policy_version=train["policy_version"],
-            generator_version=generator_version,
-            staleness=staleness,
-            mean_reward=rollout.mean_reward,
-            accuracy=rollout.accuracy,
-            tokens_per_s=rollout.tokens_per_s,
-            truncated=rollout.truncated,
-            generate_s=rollout.generate_s,
-            score_s=rollout.score_s,
-            reference_s=rollout.reference_s,
-            train_s=train["train_seconds"],
-            refresh_s=refresh["total_seconds"] if refresh else 0.0,
-            refresh_gbps=refresh["gbps"] if refresh else 0.0,
-            loss=train["loss"],
-            grad_norm=train["grad_norm"],
-            step_s=step_s,
-        )
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-def sync_step(driver: StepDriver) -> StepRow:
-    """rollout -> train -> sync, holding both sides so no swap or call lands mid-step."""
-    with driver.whole_step():
-        start = time.perf_counter()
-        rollout = driver.rollout()
-        staleness = driver.trainer_version - rollout.policy_version
-        train = driver.train(rollout)
-        refresh = driver.sync()
-        seconds = time.perf_counter() - start
-        row = StepRow.of(driver.step_count, "sync", rollout, train, refresh["version"], staleness, seconds, refresh)
-        driver.metrics_stream.emit("step", **row.as_dict())
-        driver.after_step(row, rollout, train)
-    return row
 
 
 class RunError(RuntimeError):
@@ -155,7 +71,7 @@ class RunSlot:
         if self.current is not None and self.current.state in ("running", "paused"):
             raise RunError(f"forge_nb: a background run is already {self.current.state}; stop() it first")
         if mode == "sync":
-            self.current = BackgroundRun(lambda: sync_step(driver), steps)
+            self.current = BackgroundRun(driver.sync_step, steps)
         elif mode == "async":
             self.current = AsyncRun(driver, steps, max_staleness)
         else:
@@ -275,7 +191,7 @@ class AsyncRun(RunControl):
                 break
             if not self._room.acquire(timeout=0.1):
                 continue
-            if d.trainer_version > d.generator_version:
+            if d.state.versions.lag > 0:
                 d.sync()  # between generator batches: the trainer is not waiting for it
             rollout = d.rollout()
             self.produced += len(rollout.episodes)
@@ -289,10 +205,12 @@ class AsyncRun(RunControl):
             except queue.Empty:
                 continue
             self._room.release()
-            staleness = d.trainer_version - rollout.policy_version
+            staleness = d.state.versions.trained - rollout.policy_version
             if staleness > self.max_staleness:
                 self.dropped += len(rollout.episodes)
-                d.metrics_stream.emit("dropped", step=d.step_count, staleness=staleness, samples=len(rollout.episodes))
+                d.state.metrics.emit(
+                    "dropped", step=d.state.step_count, staleness=staleness, samples=len(rollout.episodes)
+                )
                 d.on_dropped(rollout, staleness)
                 continue
             train = d.train(rollout)
@@ -301,8 +219,10 @@ class AsyncRun(RunControl):
             self.trained_sample_ids += [e.sample_id for e in rollout.episodes]
             self.done += 1
             now = time.perf_counter()
-            row = StepRow.of(d.step_count, "async", rollout, train, d.generator_version, staleness, now - last)
-            d.metrics_stream.emit("step", **row.as_dict())
+            row = StepRow.of(
+                d.state.step_count, "async", rollout, train, d.state.versions.served, staleness, now - last
+            )
+            d.state.metrics.emit("step", **row.as_dict())
             d.after_step(row, rollout, train)  # a checkpoint holds both sides: waits for the rollout in flight
             last = now
         self._stop.set()

@@ -1,46 +1,75 @@
 """Session: the kernel-held controller of one RL post-training run on a Monarch mesh.
 
-It reads like the training loop it drives::
-
     s = Session.up()            # generator, trainer and reward actors in their own procs
     r = s.rollout()             # generate P x G samples, score them, group-relative advantages
     m = s.train(r)              # one GRPO step on the trainer; policy version v -> v + 1
     w = s.sync()                # generator pulls v + 1 (/dev/shm on this host, Monarch RDMA across hosts)
     s.down()                    # every proc stopped
 
-The state of a run and the step itself are in `core.SessionCore`; the actor calls in `mesh.roles`, the
-pure steps between them in `rl.rollout`, the background runs in `loop`, and every reward / loss
-version in `live.manager`.
+It holds the locks and delegates: the step to `step` (on the `state.RunState` it owns), the actors to
+`mesh.roles`, live code to `live.manager`, background runs to `loop`, checkpoints to `checkpoints`.
+Data flows one way: session -> step -> roles -> actors -> engines and algorithms. Notebook views
+wrap a session (`notebook.session`); this module imports no notebook code.
 """
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
+from tqdm.auto import tqdm
+from transformers import AutoConfig, AutoTokenizer
 
+from forge_nb import evaluation, step, tables
+from forge_nb.checkpoints import Checkpoints
 from forge_nb.config import Config
-from forge_nb.core import SessionCore, SessionError
 from forge_nb.export import export_bundle
 from forge_nb.live.capture import LiveCode
-from forge_nb.live.manager import KINDS
+from forge_nb.live.manager import LiveCodeManager
 from forge_nb.live.registry import Registry
-from forge_nb.loop import AsyncRun, BackgroundRun
+from forge_nb.loop import AsyncRun, BackgroundRun, RunSlot
+from forge_nb.mesh import lifecycle
+from forge_nb.mesh.roles import Roles, StartFrom
+from forge_nb.mesh.slurm import SlurmError
+from forge_nb.metrics import MetricsStream
+from forge_nb.rl.episode import Episode
+from forge_nb.rl.rollout import Rollout
 from forge_nb.run import checkpoint
+from forge_nb.state import RunState, SessionError, new_run_dir
+from forge_nb.status import session_status
+from forge_nb.step import StepRow
+from forge_nb.tasks import Problem, make_task
 from forge_nb.tasks.data import take_task_data
-from forge_nb.tasks.dataset import ROW_ANSWER, ROW_ID, ROW_PROMPT
-from forge_nb.watch import Watch
+from forge_nb.tasks.prompts import PromptFormat, check_lengths
+from forge_nb.watch import StepView, Watch
 
 __all__ = ["Session", "SessionError"]
 
 
-class Session(SessionCore):
-    """What a notebook, a script or the CLI holds: `SessionCore` (the mesh, the loop, the state of a run)
-    plus background runs, live code, evaluation, inspection and export."""
+class Session:
+    """What a notebook, a script or the CLI holds: one run's state, its actors, its live code."""
 
+    def __init__(self, config: Config, data: Any = None) -> None:
+        self.config = config.validate()
+        self.state = RunState(config, make_task(config.task, config.seed, data))  # your rows, task.path or bundled
+        self.run_id, self.run_dir = new_run_dir(config, id(self))  # the rollout log, trackers, checkpoints
+        self.checkpoints = Checkpoints(config, self.run_dir)
+        self.live_code = LiveCodeManager(config)
+        self.actors: Roles | None = None
+        self.watcher: Watch | None = None
+        self._watch_fired = False
+        # The generator side (rollout, sync, reward swaps) and the trainer side (train, loss swaps) each
+        # hold their lock for a whole batch, so swaps and calls from cells land between batches; a
+        # synchronous step holds both, the async run lets the two sides overlap.
+        self.generation_lock = threading.RLock()
+        self.training_lock = threading.RLock()
+        self.runs = RunSlot()
+
+    # -- start and stop ------------------------------------------------------------------------------
     @classmethod
     def up(cls, config: Config | None = None, **overrides: Any) -> Session:
         """Validate the config and the data, start every actor and wait until each one is ready.
@@ -56,34 +85,67 @@ class Session(SessionCore):
         its own mesh, the same weights, optimizer state, counters, task position, buffer, live code and
         metrics. `overrides` change config fields (e.g. ``lr=1e-5``, ``engine="vllm"``)."""
         ckpt = checkpoint.read(path)
-        values = ckpt.config
-        if ckpt.data is not None:  # the rows were written under the names of `DatasetTask.rows`
-            values = {
-                **values,
-                "task": {
-                    **values["task"],
-                    "prompt_column": ROW_PROMPT,
-                    "answer_column": ROW_ANSWER,
-                    "id_column": ROW_ID,
-                },
-            }
-        session = cls(Config.from_dict(values).updated(overrides), ckpt.data)
-        session._start(session._load(ckpt))
+        session = cls(Config.from_dict(ckpt.session_config()).updated(overrides), ckpt.data)
+        start, session.live_code.registry = session.checkpoints.load(ckpt, session.state)
+        session._start(start)
         return session
 
     def fork(self, step: int) -> Session:
         """A new session, in this kernel beside this one, from the newest checkpoint at or before `step`
-        (those this session saved, and the periodic ones in `checkpoint_dir`)."""
-        found = [
-            (n, p) for n, p in [*self.saved, *checkpoint.periodic(self.checkpoint_dir)] if n <= step and p.is_dir()
-        ]
-        if not found:
-            known = sorted({n for n, _ in [*self.saved, *checkpoint.periodic(self.checkpoint_dir)]})
+        (those this session saved, and the periodic ones in the checkpoint folder)."""
+        found = self.checkpoints.newest(at_or_before=step)
+        if found is None:
             raise SessionError(
-                f"forge_nb: no checkpoint at or before step {step} (checkpoints at steps {known}); "
-                "save one with s.save(path), or set checkpoint.every"
+                f"forge_nb: no checkpoint at or before step {step} (checkpoints at steps "
+                f"{self.checkpoints.steps()}); save one with s.save(path), or set checkpoint.every"
             )
-        return Session.restore(max(found, key=lambda f: f[0])[1])
+        return type(self).restore(found)
+
+    def _start(self, start: StartFrom | None = None) -> None:
+        cfg, model_dir, state = self.config, str(self.config.model.resolved_path()), self.state
+        self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        state.prompts = PromptFormat(self.tokenizer, cfg.task.prompt_format, cfg.task.system_prompt)
+        context = cfg.engine.max_model_len or AutoConfig.from_pretrained(model_dir).max_position_embeddings
+        check_lengths(state.task.known_problems(), state.prompts, context, cfg.engine.max_tokens)  # before any proc
+        self.engine_name = cfg.engine_name()
+        rewards, loss = self.live_code.registry.members("reward"), self.live_code.live("loss").code
+        state.open_logs(self.run_dir, self.run_id)
+        try:
+            args = (cfg, self.engine_name, self.tokenizer.pad_token_id, rewards, loss, state.versions)
+            self.actors = actors = Roles(*args, self._event, start)
+            if cfg.checkpoint.on_trainer_failure == "restore":
+                actors.restore_from = self.checkpoints.newest
+            actors.judges.connect(state.metrics)  # "judge" rows: the judge's calls and timings
+            lifecycle.register(self)  # after the spawns: our exit hook then runs before the ones Monarch adds
+            actors.wait_ready()
+            actors.attach_weights(cfg.weights.transport)
+            self.live_code.connect(actors, self.generation_lock, self.training_lock, state, self.probe_samples)
+        except Exception as e:
+            self.down()
+            if isinstance(e, SlurmError):
+                raise SessionError(f"forge_nb: the Slurm mesh failed to start: {e}") from None
+            raise SessionError(f"forge_nb: the mesh failed to start ({type(e).__name__}): {e}") from e
+
+    def _event(self, role: str, what: str) -> None:
+        """Something happened to the mesh (a proc replaced, ...): on the metrics stream, in `status()`."""
+        self.state.metrics.emit("event", step=self.state.step_count, role=role, what=what)
+
+    @property
+    def is_up(self) -> bool:
+        return self.actors is not None
+
+    def down(self) -> None:
+        """Stop every proc this session started. Safe to call twice."""
+        self.runs.stop()
+        actors, self.actors = self.actors, None
+        lifecycle.unregister(self)
+        self.state.close_logs()
+        if actors is None:
+            return
+        self._event("session", "down")
+        errors = actors.stop()
+        if errors:
+            raise SessionError("forge_nb: some procs did not stop cleanly: " + "; ".join(errors))
 
     def __enter__(self) -> Session:
         return self
@@ -91,18 +153,107 @@ class Session(SessionCore):
     def __exit__(self, *exc: object) -> None:
         self.down()
 
+    def _require_up(self) -> Roles:
+        if self.actors is None:
+            raise SessionError("forge_nb: the session is down; start one with forge_nb.up()")
+        return self.actors
+
+    # -- read-only views of the run's state ----------------------------------------------------------
+    @property
+    def metrics_stream(self) -> MetricsStream:
+        return self.state.metrics
+
+    @property
+    def step_count(self) -> int:
+        """Trained batches so far."""
+        return self.state.step_count
+
+    @property
+    def trainer_version(self) -> int:
+        """The policy version the trainer published last."""
+        return self.state.versions.trained
+
+    @property
+    def generator_version(self) -> int:
+        """The policy version the generator serves."""
+        return self.state.versions.served
+
+    # -- the step: locks here, work in `forge_nb.step` ---------------------------------------------------
+    def rollout(self, problems: list[Problem] | None = None) -> Rollout:
+        """Generate G samples for each of P prompts, score them, compute group-relative advantages."""
+        with self.generation_lock:
+            actors = self._require_up()
+            return step.rollout(self.state, actors, problems)
+
+    def train(self, rollout: Rollout) -> dict[str, Any]:
+        """One optimizer step on `rollout` -> metrics (loss, grad_norm, policy_version, train_seconds, ...).
+        Counts one trained batch (`step_count`)."""
+        with self.training_lock:
+            actors = self._require_up()
+            return step.train(self.state, actors, rollout, self.live_code.live("loss").version)
+
+    def sync(self) -> dict[str, Any]:
+        """Refresh the generator with the trainer's latest published version -> report: version,
+        previous_version, bytes, seconds, transfer_seconds, total_seconds, gbps, skipped, transport."""
+        with self.generation_lock:
+            return step.sync(self.state, self._require_up())
+
+    def sync_step(self) -> StepRow:
+        """rollout -> train -> sync holding both sides (no swap or call lands mid-step), then the step
+        boundary (`after_step`)."""
+        with self.whole_step():
+            actors = self._require_up()
+            loss_version = self.live_code.live("loss").version
+            row, batch = step.sync_step(self.state, actors, loss_version)
+            self.after_step(row, batch, row.as_dict())
+        return row
+
+    def step(self, n: int = 1, progress: bool = True) -> pd.DataFrame:
+        """n x (rollout, train, sync) -> one row per step (reward, accuracy, tokens/s, phase times, GB/s).
+        A progress bar shows from 5 steps on, unless `progress=False`."""
+        bar = tqdm(range(n), desc="forge_nb step", disable=n < 5 or not progress, leave=False)
+        rows, self._watch_fired = [], False
+        for _ in bar:
+            rows.append(self.sync_step().as_dict())
+            if self._watch_fired:  # a watch fired: stop here, as a breakpoint would
+                break
+        return pd.DataFrame(rows, columns=list(StepRow.__dataclass_fields__)).set_index("step")
+
+    @contextmanager
+    def whole_step(self) -> Iterator[None]:
+        """Hold both sides: no swap or call from another thread lands until the block ends."""
+        with self.generation_lock, self.training_lock:
+            yield
+
+    def after_step(self, row: StepRow, rollout: Rollout, train: dict[str, Any]) -> None:
+        """At the step boundary: evaluation and a checkpoint when due; the trackers hear of new live-code
+        versions; the watch checks its conditions and, when one fires, pauses the run."""
+        if self.state.eval_due():
+            self.evaluate()
+        if self.checkpoints.due(self.state.step_count):
+            self.save(self.checkpoints.periodic_path(self.state.step_count))
+            self.checkpoints.prune()
+        if self.state.trackers:
+            self.state.trackers.on_versions(self.state.step_count, self.live_code.registry.records)
+        weights = {n: m.weight for n, m in self.live_code.registry.members("reward").items()}
+        if self.watcher is not None and self.watcher.check(StepView(row.as_dict(), rollout, train, weights)):
+            self._watch_fired = True
+            self.runs.pause()
+
+    def on_dropped(self, rollout: Rollout, staleness: int) -> None:
+        """A batch the async run dropped (too stale): logged, never trained."""
+        step.log_batch(self.state, rollout, [], [], staleness, dropped=True)
+
+    # -- background runs -------------------------------------------------------------------------------
     @property
     def background(self) -> BackgroundRun | AsyncRun | None:
         """The latest background run (its `state`, `done` steps and `error`), if any."""
         return self.runs.current
 
     def run(self, steps: int | None = None, mode: str = "sync", max_staleness: int = 1) -> BackgroundRun | AsyncRun:
-        """Train in the background (`steps` trainer steps, or until `stop()`); the kernel stays
-        responsive and swaps, syncs and other calls from cells apply between batches.
-
-        mode="sync": step after step (rollout, train, sync). mode="async": generation and training
-        overlap; batches more than `max_staleness` policy versions old are dropped (see `loop`).
-        """
+        """Train in the background (`steps` trainer steps, or until `stop()`); the kernel stays free and calls
+        from cells apply between batches. mode="sync": step after step. mode="async": generation and training
+        overlap; batches more than `max_staleness` policy versions old are dropped (see `loop`)."""
         self._require_up()
         return self.runs.start(self, steps, mode, max_staleness)
 
@@ -117,59 +268,21 @@ class Session(SessionCore):
         """Stop the background run after the step in flight (the mesh stays up)."""
         self.runs.stop()
 
-    def staleness(self) -> pd.Series:
-        """Histogram of trained batches by staleness (trainer version - generating version)."""
-        steps = self.metrics_stream.to_pandas("step")
-        return steps.staleness.value_counts().sort_index() if not steps.empty else pd.Series(dtype=int)
+    # -- evaluation and generation -----------------------------------------------------------------------
+    def evaluate(self, max_tokens: int | None = None, greedy: bool | None = None) -> dict[str, float]:
+        """The held-out prompts under the generator's current weights, greedy or sampled (`eval.*`, or
+        `greedy` for this call): heldout_accuracy (the task's verifier), eval_reward, per member, ..."""
+        with self.generation_lock:
+            st = self.state
+            result = evaluation.evaluate(
+                self._require_up(), st.task, st.prompts, self.config, st.step_count, max_tokens, greedy
+            )
+            st.metrics.emit("eval", step=st.step_count, **result)
+            return result
 
-    @property
-    def pids(self) -> dict[str, list[int]]:
-        """Process ids of each role's procs."""
-        return self.actors.pids if self.actors is not None else {}
-
-    @property
-    def registry(self) -> Registry:
-        """Every reward and loss version (see `versions()` for a table)."""
-        return self.live_code.registry
-
-    def dashboard(self):
-        """A live ipywidgets dashboard of this session (display it, or let the cell return it)."""
-        from forge_nb.notebook.dashboard import Dashboard
-
-        board = Dashboard(self)
-        self._dashboards.append(board)
-        return board.widget
-
-    def samples(self, n: int = 16, *, step: int | None = None, prompt_id: str | None = None) -> pd.DataFrame:
-        """The last `n` samples with rewards, advantages and versions; with `step` or `prompt_id`, every
-        sample of that trained step / of that prompt so far, from the rollout log (tokens and logprobs too)."""
-        if step is not None or prompt_id is not None:
-            if self.rollout_log is None:
-                raise SessionError("forge_nb: the rollout log is off (log.samples=False): only s.samples(n)")
-            return self.rollout_log.read(step=step, prompt_id=prompt_id)
-        from forge_nb.notebook.tables import samples_table
-
-        return samples_table(self, n)
-
-    def watch(self, when: Callable[[dict], bool] | None = None, baseline_steps: int = 5, **thresholds: float) -> Watch:
-        """Pause the run when a condition fires at a step boundary (see `forge_nb.watch`): all_equal_groups,
-        reward_dominance, length_drift, kl_spike, grad_norm (thresholds), `when` (a predicate over the step
-        row). Replaces the conditions watched before; display the result to see what fires."""
-        known = ("all_equal_groups", "reward_dominance", "length_drift", "kl_spike", "grad_norm")
-        unknown = sorted(set(thresholds) - set(known))
-        if unknown:
-            raise SessionError(f"forge_nb: no watch condition {unknown[0]!r}; conditions: {', '.join(known)}, when")
-        self.watcher = Watch(dict(thresholds), when, baseline_steps)
-        return self.watcher
-
-    def unwatch(self) -> None:
-        self.watcher = None
-
-    def explore(self):
-        """The sample explorer widget: a step's groups, a sample's tokens, pinned prompts, the live generator."""
-        from forge_nb.notebook.explorer import Explorer
-
-        return Explorer(self).widget
+    def probe_samples(self, n: int) -> list[Episode]:
+        """`n` fresh samples of held-out prompts for validating live code before the first rollout."""
+        return evaluation.probe_samples(self._require_up(), self.state, n)
 
     def generate(
         self, prompt: str | list[dict], n: int = 1, temperature: float | None = None, max_tokens: int | None = None
@@ -177,61 +290,10 @@ class Session(SessionCore):
         """`n` completions of `prompt` (a string, or chat messages: the task's prompt format applies) from
         the weights the generator serves now; nothing is scored, stored or trained on."""
         with self.generation_lock:
-            actors = self._require_up()
-            _, ids = self.prompts.encode(prompt)
-            sampling = self.sampling(n=n, temperature=temperature)
-            sampling = dataclasses.replace(sampling, max_tokens=max_tokens or sampling.max_tokens)
-            return [c.text for c in actors.generate([ids], sampling).completions[0]]
+            sampling = self.state.sampling(n=n, temperature=temperature)
+            return evaluation.generate(self._require_up(), self.state.prompts, prompt, sampling, max_tokens)
 
-    @property
-    def metrics(self) -> pd.DataFrame:
-        """Every metrics row so far (all kinds) as a DataFrame."""
-        return self.metrics_stream.to_pandas()
-
-    def save_checkpoint(self, path: str | Path) -> int:
-        """Write the trainer's current weights and the tokenizer as an HF model directory -> version."""
-        actors = self._require_up()
-        with self.training_lock:
-            version = actors.save(str(path))
-        self.tokenizer.save_pretrained(str(path))
-        return version
-
-    def export(self, path: str | Path, steps: int = 100) -> Path:
-        """Write a standalone script + sbatch file that reproduce this session (config, current
-        weights, live reward and loss) without a notebook -> the directory. See `forge_nb.export`."""
-        self._require_up()
-        live = {kind: (self.live_code.live(kind).version, self.live_code.registry.members(kind)) for kind in KINDS}
-        origin = {"policy_version": self.trainer_version, "steps": self.step_count}
-        checkpoint = self.save_checkpoint if self.trainer_version > 0 else None
-        return export_bundle(path, self.config, live, steps, origin, checkpoint)
-
-    def checksums(self) -> dict[str, tuple[int, str]]:
-        """(version, weights checksum) of the trainer and the generator: equal after a sync with the
-        torch engine; vLLM serves its own fused layout (equal across replicas, not the trainer's)."""
-        return self._require_up().checksums()
-
-    def status(self) -> dict[str, Any]:
-        """Mesh, actors and versions, as a dict (printable in a notebook)."""
-        if self.actors is None:
-            return {"up": False, "steps": self.step_count}
-        run = self.runs.current
-        return {
-            "up": True,
-            **self.actors.describe(),
-            "steps": self.step_count,
-            "policy_version": {"trainer": self.trainer_version, "generator": self.generator_version},
-            "samples": self.buffer.added,
-            "reward_version": self.live_code.live("reward").version,
-            "loss_version": self.live_code.live("loss").version,
-            "run": None if run is None else {"state": run.state, "steps_done": run.done, "error": run.error},
-            "events": [{k: r[k] for k in ("time", "role", "what")} for r in self.metrics_stream.rows("event")[-5:]],
-            "reward_errors": len(self.reward_errors),
-            "last_reward_errors": self.reward_errors[-3:],
-            "model": str(self.config.model.resolved_path()),
-            "run_dir": str(self.run_dir),
-            "log_errors": [e for e in [self.rollout_log and self.rollout_log.error, *self.trackers.errors] if e],
-        }
-
+    # -- live code ---------------------------------------------------------------------------------------
     def set_reward(
         self,
         fn: Callable | str | LiveCode | None = None,
@@ -240,12 +302,10 @@ class Session(SessionCore):
         name: str | None = None,
         weight: float | None = None,
     ) -> int:
-        """Validate `fn` (a function, a cell's source, or captured code) on recent samples, give it the
-        next reward version and make it live in every reward actor from the next batch -> version.
-        Several rewards can be live: `name` adds or replaces one (default "reward"), `weight` sets its
-        weight in the trained sum (0: logged only; `fn` may be omitted to change just the weight).
-        `version=N` makes an earlier set live again (rollback). Bad code raises `LiveCodeError` and the
-        live version stays."""
+        """Validate `fn` (a function, a cell's source, or captured code) on recent samples, give it the next
+        reward version and make it live in every reward actor from the next batch -> version. `name` adds or
+        replaces one of several live rewards (default "reward"), `weight` is its weight in the trained sum (0:
+        logged only; without `fn`: a new weight). `version=N` rolls back. Bad code raises `LiveCodeError`."""
         self._require_up()
         return self.live_code.set("reward", fn, version, name=name, weight=weight)
 
@@ -267,3 +327,72 @@ class Session(SessionCore):
         """Score the last `n` samples with another reward (a function, source or version number),
         without touching the live one -> DataFrame of old and new rewards side by side."""
         return self.live_code.rescore(reward, n)
+
+    @property
+    def registry(self) -> Registry:
+        """Every reward and loss version (see `versions()` for a table)."""
+        return self.live_code.registry
+
+    # -- inspection ----------------------------------------------------------------------------------------
+    def status(self) -> dict[str, Any]:
+        """Mesh, actors, versions, the background run, recent events and errors, as a dict (`status`)."""
+        return session_status(self.state, self.actors, self.live_code, self.runs, self.run_dir)
+
+    @property
+    def pids(self) -> dict[str, list[int]]:
+        """Process ids of each role's procs."""
+        return self.actors.pids if self.actors is not None else {}
+
+    @property
+    def metrics(self) -> pd.DataFrame:
+        """Every metrics row so far (all kinds) as a DataFrame."""
+        return self.state.metrics.to_pandas()
+
+    def samples(self, n: int = 16, *, step: int | None = None, prompt_id: str | None = None) -> pd.DataFrame:
+        """The last `n` samples with rewards, advantages and versions; with `step` or `prompt_id`, every
+        sample of that trained step / of that prompt so far, from the rollout log (tokens and logprobs too)."""
+        return tables.samples(self.state.buffer, self.state.rollout_log, n, step, prompt_id)
+
+    def staleness(self) -> pd.Series:
+        """Histogram of trained batches by staleness (trainer version - generating version)."""
+        return tables.staleness(self.state.metrics)
+
+    def watch(self, when: Callable[[dict], bool] | None = None, baseline_steps: int = 5, **thresholds: float) -> Watch:
+        """Pause the run when a condition fires at a step boundary (see `forge_nb.watch`): all_equal_groups,
+        reward_dominance, length_drift, kl_spike, grad_norm (thresholds), `when` (a predicate over the step
+        row). Replaces the conditions watched before; display the result to see what fires."""
+        self.watcher = Watch.of(thresholds, when, baseline_steps)
+        return self.watcher
+
+    def unwatch(self) -> None:
+        self.watcher = None
+
+    def checksums(self) -> dict[str, tuple[int, str]]:
+        """(version, weights checksum) of the trainer and the generator: equal after a sync with the
+        torch engine; vLLM serves its own fused layout (equal across replicas, not the trainer's)."""
+        return self._require_up().checksums()
+
+    # -- checkpoints and export ----------------------------------------------------------------------------
+    def save(self, path: str | Path) -> Path:
+        """Write a checkpoint of this session at `path` (between batches) -> its folder: weights,
+        optimizer and RNG, counters and versions, the task stream's position, the buffer, every
+        reward and loss version, the metrics (`forge_nb.checkpoints`). `forge_nb.resume(path)` goes on from it."""
+        with self.whole_step():
+            actors = self._require_up()
+            return self.checkpoints.save(path, self.state, actors, self.live_code.registry, self.tokenizer)
+
+    def save_checkpoint(self, path: str | Path) -> int:
+        """Write the trainer's current weights and the tokenizer as an HF model directory -> version."""
+        actors = self._require_up()
+        with self.training_lock:
+            version = actors.save(str(path))
+        self.tokenizer.save_pretrained(str(path))
+        return version
+
+    def export(self, path: str | Path, steps: int = 100) -> Path:
+        """Write a standalone script + sbatch file that reproduce this session (config, current
+        weights, live reward and loss) without a notebook -> the directory. See `forge_nb.export`."""
+        self._require_up()
+        origin = {"policy_version": self.trainer_version, "steps": self.step_count}
+        weights = self.save_checkpoint if self.trainer_version > 0 else None
+        return export_bundle(path, self.config, self.live_code.live_sets(), steps, origin, weights)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 import statistics
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,6 +29,7 @@ from typing import Any
 import pandas as pd
 
 from forge_nb.rl.rollout import Rollout
+from forge_nb.state import SessionError
 
 BATCH_COLUMNS = ("group_id", "prompt", "completion", "target", "reward", "advantage", "num_tokens")
 
@@ -87,6 +89,16 @@ def grad_norm(view: StepView, above: float) -> str | None:
     return f"gradient norm {norm:.3g} (> {above:g})" if norm > above else None
 
 
+# Conditions that compare one step with a threshold; `length_drift` compares with a baseline the watch keeps.
+THRESHOLD_CHECKS = {
+    "all_equal_groups": all_equal_groups,
+    "reward_dominance": reward_dominance,
+    "kl_spike": kl_spike,
+    "grad_norm": grad_norm,
+}
+CONDITIONS = (*THRESHOLD_CHECKS, "length_drift")  # every name `Session.watch` and `%forge watch` take
+
+
 @dataclass
 class Watch:
     """The conditions watched, and what fired. Display it (a notebook shows it live) or read `fired`."""
@@ -98,9 +110,10 @@ class Watch:
     _lengths: list[float] = field(default_factory=list)
     _output: Any = None
 
-    def check(self, view: StepView, here: bool = False) -> Fired | None:
+    def check(self, view: StepView) -> Fired | None:
         """The first condition that fires on this step (and is kept), or None. It is shown where the
-        watch was displayed, and with `here` (a cell running `s.step`) in the running cell too."""
+        watch was displayed, and in the running cell too when a cell runs the step (`s.step`, not a run)."""
+        here = threading.current_thread() is threading.main_thread()
         found = self._first(view)
         if found is None:
             return None
@@ -110,14 +123,17 @@ class Watch:
         self._show(fired, here)
         return fired
 
+    @classmethod
+    def of(cls, thresholds: dict[str, float], when: Callable[[dict], bool] | None, baseline_steps: int) -> Watch:
+        """A watch of `thresholds` (names from `CONDITIONS`); an unknown name is a `SessionError`."""
+        unknown = sorted(set(thresholds) - set(CONDITIONS))
+        if unknown:
+            names = ", ".join(CONDITIONS)
+            raise SessionError(f"forge_nb: no watch condition {unknown[0]!r}; conditions: {names}, when")
+        return cls(dict(thresholds), when, baseline_steps)
+
     def _first(self, view: StepView) -> tuple[str, str] | None:
-        checks = {
-            "all_equal_groups": all_equal_groups,
-            "reward_dominance": reward_dominance,
-            "kl_spike": kl_spike,
-            "grad_norm": grad_norm,
-        }
-        for name, check in checks.items():
+        for name, check in THRESHOLD_CHECKS.items():
             if name in self.thresholds and (message := check(view, self.thresholds[name])):
                 return name, message
         if "length_drift" in self.thresholds and (message := self._length_drift(view)):

@@ -21,12 +21,12 @@ def _check_accounting(s, run, added_before):
     assert run.produced == run.trained + run.dropped + len(unconsumed)
     assert len(run.trained_sample_ids) == len(set(run.trained_sample_ids))  # none used twice
     assert not set(run.trained_sample_ids) & set(unconsumed)
-    assert s.buffer.added - added_before == run.produced  # none lost: every sample is in the buffer
+    assert s.state.buffer.added - added_before == run.produced  # none lost: every sample is in the buffer
 
 
 @pytest.mark.parametrize("max_staleness", [1, 0])
 def test_async_run_honours_the_staleness_bound_and_loses_no_sample(s, max_staleness):
-    added_before, generator_before = s.buffer.added, s.generator_version
+    added_before, generator_before = s.state.buffer.added, s.generator_version
     run = s.run(steps=6, mode="async", max_staleness=max_staleness)
     run.wait(180)
     assert run.state == "finished", run.error
@@ -40,7 +40,7 @@ def test_async_run_honours_the_staleness_bound_and_loses_no_sample(s, max_stalen
 
 
 def test_stop_mid_run_keeps_queued_batches_as_unconsumed(s):
-    added_before = s.buffer.added
+    added_before = s.state.buffer.added
     run = s.run(mode="async", max_staleness=2)
     while run.done < 2 and run.state == "running":
         time.sleep(0.05)

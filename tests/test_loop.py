@@ -41,53 +41,10 @@ def test_an_exception_stops_the_run_and_is_kept():
 
 
 class _Driver:
-    """A stand-in session for the loop's own logic (the real one is tested on a mesh)."""
+    """A stand-in session for the run slot's own logic (the real one is tested on a mesh)."""
 
-    def __init__(self) -> None:
-        from forge_nb.metrics import MetricsStream
-
-        self.metrics_stream, self.step_count, self.calls = MetricsStream(), 0, []
-        self.trainer_version = self.generator_version = 0
-
-    def rollout(self):
-        from forge_nb.rl.rollout import Rollout
-
-        self.calls.append("rollout")
-        return Rollout([], self.generator_version, 0.5, 0.1, 0.01)
-
-    def train(self, rollout):
-        self.calls.append("train")
-        self.trainer_version += 1
-        self.step_count += 1
-        return {"policy_version": self.trainer_version, "train_seconds": 0.2, "loss": 0.3, "grad_norm": 1.5}
-
-    def sync(self):
-        self.calls.append("sync")
-        self.generator_version = self.trainer_version
-        return {"version": self.generator_version, "total_seconds": 0.05, "gbps": 2.0}
-
-    def after_step(self, row, rollout, train):
-        self.calls.append("after")
-
-    def whole_step(self):
-        import contextlib
-
-        self.calls.append("lock")
-        return contextlib.nullcontext()
-
-
-def test_a_sync_step_is_rollout_train_sync_under_both_locks_and_emits_one_row(monkeypatch):
-    from forge_nb.loop import sync_step
-    from forge_nb.rl.rollout import Rollout
-
-    monkeypatch.setattr(Rollout, "mean_reward", property(lambda self: 0.25))
-    driver = _Driver()
-    row = sync_step(driver)
-    assert driver.calls == ["lock", "rollout", "train", "sync", "after"]
-    assert (row.step, row.mode, row.policy_version, row.generator_version, row.staleness) == (1, "sync", 1, 1, 0)
-    assert (row.train_s, row.refresh_s, row.refresh_gbps, row.loss) == (0.2, 0.05, 2.0, 0.3)
-    (emitted,) = driver.metrics_stream.rows("step")
-    assert emitted == {"time": emitted["time"], "kind": "step", **row.as_dict()}
+    def sync_step(self):
+        return None
 
 
 def test_run_slot_refuses_a_second_run_and_an_unknown_mode():

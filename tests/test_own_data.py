@@ -31,8 +31,8 @@ def odd_bonus(prompt, completion, target, bonus):  # takes only the column it ne
 
 
 def test_rows_become_a_dataset_task_with_a_held_out_split(s):
-    assert s.config.task.name == "dataset" and len(s.task.held_out) == 6  # 10% of 60 rows
-    assert len(s.task.train) == 54
+    assert s.config.task.name == "dataset" and len(s.state.task.held_out) == 6  # 10% of 60 rows
+    assert len(s.state.task.train) == 54
 
 
 def test_a_second_weighted_reward_reads_a_column_and_is_logged_on_its_own(s):

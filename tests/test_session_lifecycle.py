@@ -12,7 +12,7 @@ def test_rewards_are_sharded_over_several_reward_procs():
     try:
         assert len(set(s.pids["reward"])) == 2
         r = s.rollout()
-        expected = [s.task.verify(e.completion, e.target) for e in r.episodes]
+        expected = [s.state.task.verify(e.completion, e.target) for e in r.episodes]
         assert [e.reward for e in r.episodes] == expected
     finally:
         s.down()

@@ -66,8 +66,13 @@ class Generator(AsyncForgeActor):
         self._begin(spec.threads)
         self.engine = load_engine(spec.engine, spec.model_dir, getattr(torch, spec.dtype), **spec.engine_options)
         self.receiver: WeightReceiver | None = None
-        self.version = spec.version
+        self._loaded_version = spec.version  # what `model_dir` holds, until a receiver is attached
         self._ready(engine=spec.engine)
+
+    @property
+    def version(self) -> int:
+        """The policy version served: the receiver's, once attached (it loads every refresh)."""
+        return self.receiver.version if self.receiver is not None else self._loaded_version
 
     @endpoint
     async def generate(self, prompts: list[str], sampling: SamplingParams) -> Generation:
@@ -94,9 +99,7 @@ class Generator(AsyncForgeActor):
     @endpoint
     async def refresh(self, version: int) -> RefreshReport:
         """Load published `version` (batch boundary: never runs while `generate` does)."""
-        report = await self.receiver.refresh(version, self.engine.load_weights)
-        self.version = report.version
-        return report
+        return await self.receiver.refresh(version, self.engine.load_weights)
 
     # -- diagnostics: for tests and debugging, never on the training path ----------------------
 

@@ -81,7 +81,8 @@ class TrainResult:
 
 
 class Trainer(ForgeActor):
-    """Holds the model and AdamW state. `version` counts optimizer steps taken (0 = as loaded)."""
+    """Holds the model and AdamW state. Its policy version (optimizer steps taken; 0 = as loaded) is
+    the one its publisher last stamped: `version`."""
 
     role = "trainer"
 
@@ -96,10 +97,15 @@ class Trainer(ForgeActor):
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=spec.algorithm.lr, weight_decay=0.0)
         self._use_loss(spec.loss, spec.loss_version)
         self.pad_id, self.temperature = spec.pad_id, spec.temperature
-        self.version = self._load_state(spec.resume_from) if spec.resume_from else 0
+        version = self._load_state(spec.resume_from) if spec.resume_from else 0
         serve_dtype = getattr(torch, spec.serve_dtype)
-        self.publisher = WeightPublisher(self.model.named_parameters(), self.version, serve_dtype, spec.chunk_mb)
+        self.publisher = WeightPublisher(self.model.named_parameters(), version, serve_dtype, spec.chunk_mb)
         self._ready(device=spec.device)
+
+    @property
+    def version(self) -> int:
+        """The policy version of the weights: the one published last."""
+        return self.publisher.version
 
     @endpoint
     def set_loss(self, code: LiveCode, version: int) -> int:
@@ -134,9 +140,8 @@ class Trainer(ForgeActor):
             raise LossFailed(f"loss v{self.loss_version} {e}; no optimizer step was taken") from None
         except Exception as e:
             raise LossFailed(f"loss v{self.loss_version} raised {type(e).__name__}: {e}; no step was taken") from None
-        self.version += 1
         stepped = time.perf_counter()
-        self.publisher.publish(self.model.named_parameters(), self.version)
+        self.publisher.publish(self.model.named_parameters(), self.version + 1)
         end = time.perf_counter()
         token_logprobs = [row[: len(c)] for row, c in zip(logprobs.cpu().tolist(), batch.completion_ids)]
         return TrainResult(self.version, self.loss_version, metrics, end - start, end - stepped, token_logprobs)

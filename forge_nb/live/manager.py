@@ -28,25 +28,9 @@ from forge_nb.live.registry import Member, Registry, VersionRecord
 from forge_nb.live.validate import CheckFailed, LossProbe
 from forge_nb.rewards.batch import RewardSample, Scores, reward_batch
 from forge_nb.rl.episode import Episode
+from forge_nb.state import RunState
 
 KINDS = ("reward", "loss")
-
-
-class LiveHost(Protocol):
-    """What the manager needs from the session it serves."""
-
-    step_count: int
-
-    @property
-    def has_reference(self) -> bool: ...
-
-    def recent_samples(self, n: int) -> list[Episode]:
-        """The newest `n` samples (or fewer)."""
-        ...
-
-    def probe_samples(self, n: int) -> list[Episode]:
-        """`n` fresh samples of held-out prompts, scored by the task's verifier (never trained on)."""
-        ...
 
 
 class LiveTargets(Protocol):
@@ -63,6 +47,14 @@ class LiveTargets(Protocol):
     def check_loss(self, code: LiveCode, probe: LossProbe, has_reference: bool, timeout: float) -> float: ...
 
     def rescore(self, members: dict[str, Member], samples: list[RewardSample], timeout: float) -> Scores: ...
+
+    @property
+    def has_reference(self) -> bool:
+        """Whether a reference model runs (a loss that takes `ref_logprobs` needs one)."""
+        ...
+
+
+Probe = Callable[[int], list[Episode]]  # n -> n fresh samples of held-out prompts, never trained on
 
 
 def capture(kind: str, fn: Callable | str | LiveCode) -> LiveCode:
@@ -82,10 +74,11 @@ class LiveCodeManager:
     member called "reward", `name=` adds or replaces another one. The loss is the one member "loss".
     """
 
-    def __init__(self, config: Config, host: LiveHost) -> None:
-        self.host = host
+    def __init__(self, config: Config) -> None:
         self._targets: LiveTargets | None = None
         self._locks: dict[str, AbstractContextManager] = {}
+        self._state: RunState | None = None
+        self._probe: Probe | None = None
         self.timeout_s, self.probe_size = config.live.timeout_s, config.live.probe_size
         self.registry = Registry()
         self.registry.add_builtin("reward", "reward", builtin_reward(config.task))
@@ -94,12 +87,23 @@ class LiveCodeManager:
     def live(self, kind: str) -> VersionRecord:
         return self.registry.live(kind)
 
+    def live_sets(self) -> dict[str, tuple[int, dict[str, Member]]]:
+        """Each kind's live version and its members (what an export writes out)."""
+        return {kind: (self.registry.live(kind).version, self.registry.members(kind)) for kind in KINDS}
+
     def connect(
-        self, targets: LiveTargets, reward_lock: AbstractContextManager, loss_lock: AbstractContextManager
+        self,
+        targets: LiveTargets,
+        reward_lock: AbstractContextManager,
+        loss_lock: AbstractContextManager,
+        state: RunState,
+        probe: Probe,
     ) -> None:
-        """Ship to `targets` from now on, each kind under the lock of the side it changes (so a
-        background run sees a swap between two batches)."""
+        """Check in and ship to `targets` from now on, each kind under the lock of the side it changes
+        (so a background run sees a swap between two batches). Candidates are checked on the newest
+        samples of `state`'s buffer; before the first rollout, on `probe(n)` samples."""
         self._targets, self._locks = targets, {"reward": reward_lock, "loss": loss_lock}
+        self._state, self._probe = state, probe
 
     def ship(self, kind: str, members: dict[str, Member], version: int) -> None:
         """Make the set `members` live as `version` in every actor of `kind`."""
@@ -210,10 +214,10 @@ class LiveCodeManager:
         start = time.perf_counter()
         episodes = self.probe_episodes()
         if kind == "reward":
-            samples = list(reward_batch(episodes, self.host.step_count).samples())
+            samples = list(reward_batch(episodes, self._state.step_count).samples())
             targets.check_reward(code, samples, self.timeout_s)
         else:
-            targets.check_loss(code, loss_probe(episodes), self.host.has_reference, self.timeout_s)
+            targets.check_loss(code, loss_probe(episodes), targets.has_reference, self.timeout_s)
         return {"seconds": time.perf_counter() - start, "probe_size": len(episodes), "error": None}
 
     def _connected(self) -> LiveTargets:
@@ -225,8 +229,8 @@ class LiveCodeManager:
         """The most recent successfully scored samples; before the first rollout, fresh samples of
         held-out prompts (generated for the probe only: never stored, never trained on)."""
         n = self.probe_size
-        recent = [e for e in self.host.recent_samples(4 * n) if e.reward_error is None][-n:]
-        return recent or self.host.probe_samples(n)
+        recent = [e for e in self._state.buffer.recent(4 * n) if e.reward_error is None][-n:]
+        return recent or self._probe(n)
 
     def rescore(self, reward: Callable | str | int, n: int) -> pd.DataFrame:
         """Old and new rewards of the last `n` samples; the live reward is not touched. `reward` is a
@@ -237,8 +241,9 @@ class LiveCodeManager:
         else:
             code = capture("reward", reward)
             members, label = {"candidate": Member(code)}, "candidate" if isinstance(reward, str) else code.name
-        episodes = self.host.recent_samples(n)
-        samples = list(reward_batch(episodes, self.host.step_count).samples())
+        self._connected()
+        episodes = self._state.buffer.recent(n)
+        samples = list(reward_batch(episodes, self._state.step_count).samples())
         budget = self.timeout_s * max(1, len(samples)) * len(members)
         scores = self._connected().rescore(members, samples, budget)
         columns = ["sample_id", "prompt", "completion", "target", "policy_version", "reward_version", "reward"]

@@ -93,21 +93,19 @@ class Supervised:
             how = "" if self.restore_from else " (or set checkpoint.on_trainer_failure='restore' and checkpoint.every)"
             raise TrainerLost(
                 f"the trainer's proc died ({cause}) with the weights and optimizer state of policy version "
-                f"{self.trained_version}; start again from a checkpoint: forge_nb.resume(path){how}"
+                f"{self.versions.trained}; start again from a checkpoint: forge_nb.resume(path){how}"
             )
-        old, lost = self.local_pids("trainer"), self.trained_version
+        old, lost = self.local_pids("trainer"), self.versions.trained
         self._respawned_at["trainer"] = time.time()
         spec = dataclasses.replace(self._trainer_spec, resume_from=str(Path(checkpoint) / "trainer"))
         self.trainer = self.mesh.replace("trainer", Trainer, spec, old)
         self.info["trainer"] = list(wait(self.trainer.ready.call()).values())
-        self.trained_version = wait(self.trainer.checksum.call_one())[0]
-        manifest = wait(self.trainer.weights_manifest.call_one())
-        wait(self.generator.attach.call(manifest, self.transport))
-        wait(self.trainer.unlink_shared_memory.call_one())
-        self.served_version = self._refresh(self.trained_version).version
+        self.versions.trained = wait(self.trainer.checksum.call_one())[0]
+        self._attach_generators(self.transport)
+        self._refresh(self.versions.trained)
         self.on_event(
             "trainer",
-            f"procs {old} died ({cause}) at policy v{lost}; restored v{self.trained_version} from {checkpoint}",
+            f"procs {old} died ({cause}) at policy v{lost}; restored v{self.versions.trained} from {checkpoint}",
         )
 
     def _respawn_generator(self, old: list[int]) -> None:
@@ -115,15 +113,15 @@ class Supervised:
         spec = self._generator_spec
         self.generator = self.mesh.replace("generator", Generator, spec, old, procs=self.generator_procs)
         self.info["generator"] = list(wait(self.generator.ready.call()).values())
-        manifest = wait(self.trainer.weights_manifest.call_one())
-        wait(self.generator.attach.call(manifest, "rdma" if self.transport == "shm" else self.transport))
+        # The /dev/shm names were dropped once the first generators mapped them: a new one reads over RDMA.
+        self._attach_generators("rdma" if self.transport == "shm" else self.transport)
         try:
-            self._refresh(self.served_version)
+            self._refresh(self.versions.served)
         except ActorError as e:
             if not isinstance(e.exception, RefreshError):
                 raise
             # The trainer published two versions since (async): that one is overwritten; serve the newest.
-            self.served_version = self._refresh(self.trained_version).version
+            self._refresh(self.versions.trained)
 
 
 def cause_of(error: Exception) -> str:

@@ -40,6 +40,7 @@ from forge_nb.mesh.supervision import SupervisionError
 from forge_nb.rewards.batch import RewardBatch, RewardSample, Scores
 from forge_nb.rl.batch import TrainBatch
 from forge_nb.rl.episode import Episode
+from forge_nb.versions import PolicyVersions
 from forge_nb.weights.refresh import RefreshReport
 
 
@@ -52,13 +53,12 @@ Event = Callable[[str, str], None]  # (role, what happened): a proc replaced, ..
 
 @dataclass(frozen=True)
 class StartFrom:
-    """Where the actors start from when a session resumes: a checkpoint's weights and versions."""
+    """Where the actors start from when a session resumes: a checkpoint's weights and live-code
+    versions (its policy versions are in the session's `PolicyVersions`)."""
 
     trainer_dir: str
-    trainer_version: int
-    loss_version: int
     generator_dir: str
-    generator_version: int
+    loss_version: int
     reward_version: int
 
 
@@ -70,16 +70,38 @@ class Roles(Supervised):
 
     def __init__(
         self,
-        mesh: LocalMesh,
         config: Config,
         engine: str,
         pad_id: int,
         rewards: dict[str, Member],
         loss: LiveCode,
+        versions: PolicyVersions,
         on_event: Event | None = None,
         start: StartFrom | None = None,
     ) -> None:
-        m, self.mesh, self.kind = config.mesh, mesh, config.mesh.kind
+        """Start the mesh (this host's procs, or a Slurm job's nodes: `SlurmError` if that fails) and
+        spawn every role on it; returns before the actors' constructors finish (`wait_ready`).
+        `versions` is the session's record of policy versions: these roles keep it current."""
+        supervision.install()  # failures reach the session, not the kernel's main thread
+        self.mesh = LocalMesh() if config.mesh.kind == "local" else SlurmMesh(config.slurm)
+        try:
+            self._spawn(config, engine, pad_id, rewards, loss, versions, on_event, start)
+        except BaseException:
+            self.mesh.stop()
+            raise
+
+    def _spawn(
+        self,
+        config: Config,
+        engine: str,
+        pad_id: int,
+        rewards: dict[str, Member],
+        loss: LiveCode,
+        versions: PolicyVersions,
+        on_event: Event | None,
+        start: StartFrom | None,
+    ) -> None:
+        m, mesh, self.kind, self.versions = config.mesh, self.mesh, config.mesh.kind, versions
         self.on_event = on_event or (lambda role, what: None)
         self.reward_timeout_s, self.threads = config.live.timeout_s, m.threads_per_proc
         self.info: dict[str, list[ActorInfo]] = {}  # filled by wait_ready
@@ -94,14 +116,12 @@ class Roles(Supervised):
         reward_version = 0
         if start is not None:
             self._generator_spec = dataclasses.replace(
-                self._generator_spec, model_dir=start.generator_dir, version=start.generator_version
+                self._generator_spec, model_dir=start.generator_dir, version=versions.served
             )
             self._trainer_spec = dataclasses.replace(
                 self._trainer_spec, resume_from=start.trainer_dir, loss_version=start.loss_version
             )
             reward_version = start.reward_version
-        self.served_version = self._generator_spec.version  # what the generators serve
-        self.trained_version = start.trainer_version if start else 0  # what the trainer published last
         self.generator = mesh.spawn("generator", Generator, self._generator_spec, procs=m.generator_procs)
         self.trainer = mesh.spawn("trainer", Trainer, self._trainer_spec)
         self._reward_set = (rewards, reward_version)  # the live set, for replacement procs
@@ -114,27 +134,6 @@ class Roles(Supervised):
         self.checker = Checker(mesh, 1, self._checker_replaced)
         self.judges = JudgePool(self, config)  # judge actors, started when a reward first asks one
 
-    @classmethod
-    def start(
-        cls,
-        config: Config,
-        engine: str,
-        pad_id: int,
-        rewards: dict[str, Member],
-        loss: LiveCode,
-        on_event: Event | None = None,
-        start: StartFrom | None = None,
-    ) -> Roles:
-        """Start the mesh (this host's procs, or a Slurm job's nodes: `SlurmError` if that fails) and
-        spawn every role on it; returns before the actors' constructors finish (`wait_ready`)."""
-        supervision.install()  # failures reach the session, not the kernel's main thread
-        mesh = LocalMesh() if config.mesh.kind == "local" else SlurmMesh(config.slurm)
-        try:
-            return cls(mesh, config, engine, pad_id, rewards, loss, on_event, start)
-        except BaseException:
-            mesh.stop()
-            raise
-
     def stop(self) -> list[str]:
         """Stop every proc (and the Slurm job) -> errors, if any."""
         try:  # normally done right after start; this covers a start that failed half-way
@@ -142,6 +141,11 @@ class Roles(Supervised):
         except Exception:
             pass
         return self.mesh.stop()
+
+    @property
+    def has_reference(self) -> bool:
+        """Whether a reference model runs (`algorithm.kl_coef > 0`)."""
+        return self.reference is not None
 
     @property
     def pids(self) -> dict[str, list[int]]:
@@ -186,11 +190,16 @@ class Roles(Supervised):
 
     def attach_weights(self, transport: str) -> str:
         """Point every generator at the trainer's published weights -> the transport(s) they chose."""
+        self.weights_transport = self._attach_generators(transport)
+        return self.weights_transport
+
+    def _attach_generators(self, transport: str) -> str:
+        """Every generator maps the trainer's snapshot (its manifest), then the /dev/shm names are
+        dropped, so nothing can leak after (a later reader takes RDMA) -> the transport(s) chosen."""
         manifest = wait(self.trainer.weights_manifest.call_one())
         chosen = set(wait(self.generator.attach.call(manifest, transport)).values())
         wait(self.trainer.unlink_shared_memory.call_one())
-        self.weights_transport = "+".join(sorted(chosen))
-        return self.weights_transport
+        return "+".join(sorted(chosen))
 
     def generate(self, prompts: list[str], sampling: SamplingParams) -> Generation:
         """Split the prompts over the generator replicas -> completions in prompt order, the policy
@@ -258,17 +267,17 @@ class Roles(Supervised):
             self.attach_reference(missing, self.reference_logprobs(missing))
         batch = TrainBatch.of(episodes, self.reference is not None)
         result = self._supervised("trainer", lambda: wait(self.trainer.train_step.call_one(batch)))
-        self.trained_version = result.policy_version
+        self.versions.trained = result.policy_version
         return result
 
-    def refresh(self, version: int) -> RefreshReport:
-        """Every generator replica loads published `version` (in parallel)."""
-        report = self._supervised("generator", lambda: self._refresh(version))
-        self.served_version = report.version
-        return report
+    def refresh(self) -> RefreshReport:
+        """Every generator replica loads the version the trainer published last (in parallel)."""
+        return self._supervised("generator", lambda: self._refresh(self.versions.trained))
 
     def _refresh(self, version: int) -> RefreshReport:
-        return RefreshReport.combine(list(wait(self.generator.refresh.call(version)).values()))
+        report = RefreshReport.combine(list(wait(self.generator.refresh.call(version)).values()))
+        self.versions.served = report.version
+        return report
 
     def save_weights(self, folder: Path, generator_too: bool) -> None:
         """The trainer's state into folder/trainer; the served weights into folder/generator when they

@@ -14,6 +14,7 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 from forge_nb.config import Config, ConfigError, parse_overrides
 from forge_nb.export import run_hint
 from forge_nb.mesh import lifecycle
+from forge_nb.watch import CONDITIONS
 
 SUBCOMMANDS = (
     "up",
@@ -91,9 +92,9 @@ class ForgeMagics(Magics):
                 print("forge_nb: the session is already up; reusing it (%forge down to start afresh)")
                 return current
             raise ConfigError("forge_nb: a session with another config is up; run %forge down first")
-        from forge_nb.session import Session
+        from forge_nb.notebook.session import NotebookSession
 
-        return Session.up(config)
+        return NotebookSession.up(config)
 
     def _status(self, rest: str):
         return _session().status()
@@ -139,7 +140,7 @@ class ForgeMagics(Magics):
     @argument(
         "conditions",
         nargs="*",
-        help="NAME=THRESHOLD: all_equal_groups, reward_dominance, length_drift, kl_spike, grad_norm; or off",
+        help=f"NAME=THRESHOLD: {', '.join(CONDITIONS)}; or off",
     )
     def _watch(self, rest: str):
         args = parse_argstring(self._watch, rest)

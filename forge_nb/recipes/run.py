@@ -3,21 +3,18 @@
 `forge_nb.export` copies this file, unchanged, next to what it reads: ``config.yaml`` (the session's
 configuration), ``manifest.json`` (versions, weights, steps), ``reward*.py`` and ``loss.py`` (the live
 code) and, once the policy has trained, ``checkpoint/`` (its weights; ``config.yaml`` points there).
-It writes ``metrics.csv`` (one row per step) and ``result.json`` beside them.
+It writes ``metrics.csv`` (one row per step: `forge_nb.step.StepRow`) and ``result.json`` beside them.
 
-It is also the GRPO loop of forge_nb, top to bottom: each step generates G samples for each of P
-prompts, scores them with the live reward, takes one optimizer step with the live loss on the
-group-relative advantages, and refreshes the generator with the new weights.
+Each step is the notebook's step, `forge_nb.step.sync_step` (read it top to bottom): G samples for
+each of P prompts, scored by the live reward, one optimizer step with the live loss on the
+group-relative advantages, and the generator refreshed with the new weights.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import time
 from pathlib import Path
-
-import pandas as pd
 
 import forge_nb
 from forge_nb.config import Config
@@ -55,46 +52,14 @@ def main(argv: list[str] | None = None) -> dict:
     args = parser.parse_args(argv)
     config = Config.from_yaml(HERE / "config.yaml")
 
-    rows = []
     with forge_nb.up(config) as s:  # generator, trainer and reward actors, each in its own proc
         sources = {kind: make_live(s, kind, manifest) for kind in ("reward", "loss")}  # validated, then shipped
         versions = {kind: s.registry.live(kind).version for kind in ("reward", "loss")}
         heldout_before = s.evaluate()["heldout_accuracy"]
-        for _ in range(args.steps):
-            start = time.perf_counter()
-            rollout = s.rollout()  # P prompts x G samples, rewards, group-relative advantages
-            train = s.train(rollout)  # one optimizer step; the trainer publishes policy version v + 1
-            refresh = s.sync()  # the generator loads v + 1 (shared memory here, Monarch RDMA across hosts)
-            rows.append(
-                {
-                    "step": s.step_count,
-                    "policy_version": train["policy_version"],
-                    "mean_reward": rollout.mean_reward,
-                    "accuracy": rollout.accuracy,
-                    "loss": train["loss"],
-                    "grad_norm": train["grad_norm"],
-                    "tokens_per_s": rollout.tokens_per_s,
-                    "refresh_gbps": refresh["gbps"],
-                    "step_s": time.perf_counter() - start,
-                }
-            )
+        metrics = s.step(args.steps).reset_index()  # rollout -> score -> advantages -> train -> sync, N times
         heldout_after = s.evaluate()["heldout_accuracy"]
         config_run = s.config.to_dict()
 
-    metrics = pd.DataFrame(
-        rows,
-        columns=[
-            "step",
-            "policy_version",
-            "mean_reward",
-            "accuracy",
-            "loss",
-            "grad_norm",
-            "tokens_per_s",
-            "refresh_gbps",
-            "step_s",
-        ],
-    )
     metrics.to_csv(HERE / "metrics.csv", index=False)
     result = {
         "steps": len(metrics),

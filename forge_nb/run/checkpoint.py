@@ -11,7 +11,7 @@
       metrics.jsonl     the metrics stream
 
 A checkpoint is written under a temporary name and renamed into place, so a folder that exists is
-complete. This module reads and writes files; the session gathers the state (`core.SessionCore`)
+complete. This module reads and writes files; `forge_nb.checkpoints` gathers the state of a session
 and the actors write their own weights.
 """
 
@@ -28,6 +28,7 @@ from typing import Any
 import yaml
 
 from forge_nb.rl.episode import Episode
+from forge_nb.tasks.dataset import ROW_ANSWER, ROW_ID, ROW_PROMPT
 
 FORMAT = 1
 PERIODIC = "step-{step:08d}"
@@ -49,6 +50,13 @@ class Checkpoint:
     @property
     def step(self) -> int:
         return self.state["step_count"]
+
+    def session_config(self) -> dict:
+        """The config to go on with: rows kept in data/ were written under `DatasetTask.rows`' names."""
+        if self.data is None:
+            return self.config
+        names = {"prompt_column": ROW_PROMPT, "answer_column": ROW_ANSWER, "id_column": ROW_ID}
+        return {**self.config, "task": {**self.config["task"], **names}}
 
     @property
     def trainer_dir(self) -> Path:
@@ -125,6 +133,12 @@ def periodic(folder: str | Path) -> list[tuple[int, Path]]:
         if (p / "checkpoint.json").is_file() and p.name[5:].isdigit():
             found.append((int(p.name[5:]), p))
     return sorted(found)
+
+
+def newest(found: list[tuple[int, Path]], at_or_before: int | None = None) -> Path | None:
+    """The newest of `found` (step, path) that still exists, at or before step `at_or_before` if given."""
+    ok = [(n, p) for n, p in found if p.is_dir() and (at_or_before is None or n <= at_or_before)]
+    return max(ok, key=lambda f: f[0])[1] if ok else None
 
 
 def prune(folder: str | Path, keep: int) -> None:

@@ -78,7 +78,7 @@ BAD_LOSSES = {
 
 def _assert_bad_cell_loses_nothing(s, kind, source, message):
     before_versions, before_live = _actor_versions(s), s.registry.live(kind).version
-    before_weights, before_samples = s.checksums(), s.buffer.added
+    before_weights, before_samples = s.checksums(), s.state.buffer.added
     candidate = s.registry.next_version(kind)
     setter = s.set_reward if kind == "reward" else s.set_loss
     with pytest.raises(LiveCodeError) as error:
@@ -90,7 +90,7 @@ def _assert_bad_cell_loses_nothing(s, kind, source, message):
     assert s.registry.live(kind).version == before_live
     assert _actor_versions(s) == before_versions
     assert s.checksums() == before_weights
-    assert s.buffer.added == before_samples
+    assert s.state.buffer.added == before_samples
     assert s.versions(kind).iloc[-1]["status"] == "rejected"
     # the mesh is alive and the old version still scores / trains
     r = s.rollout()
@@ -140,14 +140,14 @@ def test_good_loss_trains_and_is_recorded_on_every_sample(s):
 
 def test_a_validated_reward_that_fails_later_marks_the_sample_and_never_scores_it_zero(s):
     s.rollout()
-    limit = s._next_sample_id  # probe samples have ids below this; the next rollout's are above
+    limit = s.state.next_sample_id  # probe samples have ids below this; the next rollout's are above
     v = s.set_reward(
         f"def reward(prompt, completion, target, **context):\n"
         f"    if context['sample_id'] >= {limit} and context['sample_id'] % 2:\n"
         f"        raise RuntimeError('odd sample')\n"
         f"    return 1.0\n"
     )
-    errors_before = len(s.reward_errors)
+    errors_before = len(s.state.reward_errors)
     r = s.rollout()
     failed = [e for e in r.episodes if e.reward_error]
     assert failed and all("RuntimeError: odd sample" in e.reward_error for e in failed)
@@ -196,7 +196,7 @@ def test_a_swap_during_a_background_run_applies_at_the_next_batch_without_stoppi
     finally:
         s.stop()
     assert run.state == "finished" and run.error is None
-    steps = s.buffer.to_pandas()
+    steps = s.state.buffer.to_pandas()
     by_group = steps.groupby("group_id").reward_version.nunique()
     assert (by_group == 1).all()  # no batch (not even a group) mixes reward versions
     after = steps[steps.reward_version == v]
@@ -206,7 +206,7 @@ def test_a_swap_during_a_background_run_applies_at_the_next_batch_without_stoppi
 
 def test_an_exception_in_the_background_run_stops_it_and_shows_in_status(s):
     s.rollout()
-    limit = s._next_sample_id
+    limit = s.state.next_sample_id
     s.set_reward(
         f"def reward(prompt, completion, target, **context):\n"
         f"    if context['sample_id'] >= {limit}:\n"

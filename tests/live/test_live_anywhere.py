@@ -122,7 +122,7 @@ def test_a_reward_that_spins_in_validation_is_refused_and_nothing_keeps_running(
 
 
 def test_a_reward_that_spins_at_run_time_has_its_proc_replaced_and_the_run_goes_on(s):
-    limit = s._next_sample_id  # later samples than the probe's
+    limit = s.state.next_sample_id  # later samples than the probe's
 
     def sometimes_spins(prompt, completion, target, sample_id):
         while sample_id >= limit + 2:

@@ -38,7 +38,7 @@ def test_killing_a_generator_and_a_reward_proc_mid_run_loses_and_duplicates_no_s
         run.wait(300)
         assert run.state == "finished", run.error
         assert run.done == 8 and s.step_count == 8
-        ids = [e.sample_id for e in s.buffer.recent(10_000)]
+        ids = [e.sample_id for e in s.state.buffer.recent(10_000)]
         assert len(ids) == len(set(ids)), "a sample was added twice"
         assert sorted(ids) == list(range(len(ids))), "a sample id is missing"
         if mode == "sync":

@@ -31,7 +31,7 @@ def test_a_batched_reward_and_the_ensemble_score_every_sample(s):
     s.set_reward(lambda completions: [float(len(c)) for c in completions], name="length", weight=0.0)
     s.set_reward(Ensemble(addition_verifiers()), name="ensemble", weight=0.0)
     s.step(1)
-    episodes = s.buffer.recent(16)
+    episodes = s.state.buffer.recent(16)
     assert all(e.reward_error is None and 0.0 <= e.rewards["ensemble"] <= 1.0 for e in episodes)
     assert all(e.rewards["length"] == len(e.completion) for e in episodes)
     s.remove_reward("length")
@@ -46,7 +46,7 @@ def test_a_judge_reward_starts_the_judge_actor_and_its_traffic_reaches_the_metri
     assert judge_pid not in (*s.pids["reward"], *s.pids["live_check"], os.getpid())
     assert any(e["role"] == "judge" and "started" in e["what"] for e in s.status()["events"])
     s.step(1)
-    assert all(0.0 <= e.rewards["judge"] <= 1.0 for e in s.buffer.recent(16))
+    assert all(0.0 <= e.rewards["judge"] <= 1.0 for e in s.state.buffer.recent(16))
     row = s.metrics_stream.rows("judge")[-1]
     assert row["verdicts"] == 16 and row["calls"] >= 1 and row["latency_s"] > 0 and row["verdicts_per_s"] > 0
 
@@ -92,7 +92,7 @@ s.step(1)
 (old,) = s.pids["judge"]
 os.kill(old, signal.SIGKILL)
 s.step(1)  # the judge is respawned before the batch is scored, or the batch is scored again after
-assert all(e.reward_error is None and 0.0 <= e.rewards["judge"] <= 1.0 for e in s.buffer.recent(16))
+assert all(e.reward_error is None and 0.0 <= e.rewards["judge"] <= 1.0 for e in s.state.buffer.recent(16))
 assert s.pids["judge"] != [old], s.pids
 assert any(e["role"] == "judge" and str(old) in e["what"] for e in s.status()["events"])
 pids = [pid for role in s.pids.values() for pid in role]

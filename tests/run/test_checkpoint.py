@@ -30,7 +30,7 @@ def test_train_save_train_equals_resume_train_bit_for_bit(tmp_path):
         s.save(tmp_path / "ck")
         s.step(3)
         a, a_rows = _weights(s), s.metrics_stream.to_pandas("step")[["mean_reward", "loss", "policy_version"]]
-        a_ids = [e.sample_id for e in s.buffer.recent(1000)]
+        a_ids = [e.sample_id for e in s.state.buffer.recent(1000)]
     finally:
         s.down()
     r = forge_nb.resume(tmp_path / "ck")

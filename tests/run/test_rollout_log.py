@@ -81,10 +81,10 @@ def test_a_background_run_logs_every_trained_sample_once_readable_while_it_runs(
         s.run(steps=12)
         seen_during = []
         while s.background.state == "running":
-            seen_during.append(len(s.rollout_log.read()))
+            seen_during.append(len(s.state.rollout_log.read()))
             time.sleep(0.2)
         s.background.wait()
-        log = s.rollout_log.read()
+        log = s.state.rollout_log.read()
         train = s.metrics_stream.to_pandas("train").set_index("step")
         assert any(0 < n < len(log) for n in seen_during)  # read while it ran, partly written
         trained = log[log.trained]
@@ -108,7 +108,7 @@ def test_async_batches_dropped_as_stale_are_logged_untrained():
     try:
         run = s.run(steps=8, mode="async", max_staleness=0)
         run.wait(300)
-        log = s.rollout_log.read()
+        log = s.state.rollout_log.read()
         assert log[log.trained].sample_id.is_unique
         assert log.trained.sum() == 8 * 16
         assert (~log.trained).sum() == run.dropped and (log[~log.trained].staleness > 0).all()

@@ -1,0 +1,190 @@
+"""One step of GRPO on the mesh, top to bottom: rollout -> score -> advantages -> train -> sync.
+
+    rollout   the generator replicas sample G completions for each of P prompts (policy version v)
+    score     the reward procs run the live reward set on every completion (the reference model
+              scores the same tokens meanwhile, when KL is on)
+    advantages  group-relative, per prompt (`rl.advantages`), plus DAPO's overlong penalty if set
+    train     the trainer takes one optimizer step with the live loss and publishes version v + 1
+    sync      every generator replica loads v + 1 (/dev/shm on the trainer's host, Monarch RDMA elsewhere)
+
+The actor calls are in `mesh.roles.Roles`, the pure pieces in `rl/` and `rewards/`, the state they
+move on in `state.RunState`. Nothing here takes a lock or knows about notebooks: the session holds
+the locks around these calls (`Session.step`, `Session.rollout`, ...), and background runs call the
+same functions through it (`loop`). Each trained batch becomes one `StepRow` on the metrics stream.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from forge_nb.actors.trainer import TrainResult
+from forge_nb.mesh.roles import Roles
+from forge_nb.rewards.batch import reward_batch
+from forge_nb.rl import rollout as pipeline
+from forge_nb.rl.episode import Episode
+from forge_nb.rl.rollout import EmptyTrainBatch, Rollout
+from forge_nb.run.rollout_log import Batch
+from forge_nb.state import RunState, SessionError
+from forge_nb.tasks import Problem
+
+
+def rollout(state: RunState, roles: Roles, problems: list[Problem] | None = None) -> Rollout:
+    """Generate G samples for each prompt (the task's next P by default), score them, give them
+    group-relative advantages."""
+    problems = problems or state.task.sample(state.config.algorithm.prompts_per_step)
+    sampling = state.sampling()
+    state.rollout_count += 1
+    texts, ids = state.prompts.render_all(problems)
+    generation = roles.generate(ids, sampling)
+    first_id, version = state.next_sample_id, generation.policy_version
+    episodes = pipeline.make_episodes(problems, texts, generation.completions, version, first_id)
+    state.next_sample_id += len(episodes)
+    reference = roles.reference_logprobs(episodes)  # the reference runs while the reward procs score
+    score_s = score(state, roles, episodes)
+    reference_s = roles.attach_reference(episodes, reference)
+    advantages(state, episodes, sampling.n)
+    accuracy = sum(state.task.verify(e.completion, e.target) for e in episodes) / len(episodes)
+    state.buffer.add(episodes)
+    batch = Rollout(episodes, version, accuracy, generation.seconds, score_s, reference_s)
+    state.metrics.emit("rollout", step=state.step_count, epoch=getattr(state.task, "epoch", 0), **batch.summary())
+    return batch
+
+
+def score(state: RunState, roles: Roles, episodes: list[Episode]) -> float:
+    """The live reward set on every episode, in the reward procs -> seconds. A sample a reward failed
+    on keeps reward None and its error (also in `state.reward_errors`)."""
+    start = time.perf_counter()
+    for part, scores in roles.score(reward_batch(episodes, state.step_count)):
+        state.reward_errors += pipeline.apply_scores(episodes[part], scores)
+    return time.perf_counter() - start
+
+
+def advantages(state: RunState, episodes: list[Episode], group_size: int) -> None:
+    """DAPO's overlong penalty (if `algorithm.overlong_cache`), then group-relative advantages."""
+    a = state.config.algorithm
+    if a.overlong_cache:
+        pipeline.add_overlong_penalty(episodes, state.config.engine.max_tokens, a.overlong_cache)
+    pipeline.assign_advantages(episodes, group_size, a.normalize_std, a.group_std == "sample")
+
+
+def train(state: RunState, roles: Roles, batch: Rollout, loss_version: int) -> dict[str, Any]:
+    """One optimizer step on the batch's informative groups -> metrics (loss, grad_norm, policy_version,
+    train_seconds, ...). Counts one trained batch (`state.step_count`), also when dynamic sampling
+    left nothing to train on (no step is taken then; `loss_version` is the live one, for the row)."""
+    try:
+        episodes = pipeline.train_subset(batch.episodes, state.config.algorithm.dynamic_sampling)
+    except EmptyTrainBatch as e:
+        raise SessionError(f"forge_nb: {e}") from None
+    staleness = state.versions.trained - batch.policy_version
+    if episodes:
+        result = roles.train_step(episodes)
+        for e in episodes:
+            e.loss_version = result.loss_version
+    else:
+        stats = {"loss": 0.0, "grad_norm": 0.0, "tokens": 0, "skipped": True}
+        result = TrainResult(state.versions.trained, loss_version, stats, 0.0, 0.0)
+    state.step_count += 1  # this batch is step `step_count`: its train row, step row and log file
+    state.metrics.emit("train", step=state.step_count, **result.as_dict())
+    log_batch(state, batch, episodes, result.token_logprobs or [], staleness)
+    return result.as_dict()
+
+
+def sync(state: RunState, roles: Roles) -> dict[str, Any]:
+    """Every generator replica loads the trainer's latest version -> report: version,
+    previous_version, bytes, seconds, transfer_seconds, total_seconds, gbps, skipped, transport."""
+    start = time.perf_counter()
+    report = roles.refresh()
+    row = {**report.as_dict(), "total_seconds": time.perf_counter() - start}
+    state.metrics.emit("sync", step=state.step_count, **row)
+    return row
+
+
+def sync_step(state: RunState, roles: Roles, loss_version: int) -> tuple[StepRow, Rollout]:
+    """rollout -> train -> sync on the task's next prompts -> the step's row (also on the metrics
+    stream), and the batch."""
+    start = time.perf_counter()
+    batch = rollout(state, roles)
+    staleness = state.versions.trained - batch.policy_version
+    trained = train(state, roles, batch, loss_version)
+    refresh = sync(state, roles)
+    seconds = time.perf_counter() - start
+    row = StepRow.of(state.step_count, "sync", batch, trained, refresh["version"], staleness, seconds, refresh)
+    state.metrics.emit("step", **row.as_dict())
+    return row, batch
+
+
+def log_batch(
+    state: RunState, batch: Rollout, trained: list[Episode], logprobs: list, staleness: int, dropped: bool = False
+) -> None:
+    """The batch into the rollout log (and the trackers' samples tables), as step `state.step_count`;
+    `dropped`: an async run found it too stale to train on."""
+    ids = [e.sample_id for e in trained]
+    entry = Batch(batch.episodes, state.step_count, staleness, frozenset(ids), dict(zip(ids, logprobs)), dropped)
+    if state.rollout_log is not None:
+        state.rollout_log.append(entry)
+    if state.trackers and not dropped:
+        state.trackers.on_batch(state.step_count, batch.to_pandas())
+
+
+@dataclass(frozen=True)
+class StepRow:
+    """One trained batch. Times in seconds; `tokens_per_s` generated tokens per generation second;
+    `refresh_gbps` in 1e9 bytes/s (0 in async runs, whose refreshes happen between generator
+    batches). `staleness` = trainer version - version that generated the batch, at train time."""
+
+    step: int
+    mode: str  # "sync" or "async"
+    policy_version: int
+    generator_version: int
+    staleness: int
+    mean_reward: float
+    accuracy: float
+    tokens_per_s: float
+    truncated: float  # share of the batch's completions cut off at max_tokens
+    generate_s: float
+    score_s: float
+    reference_s: float
+    train_s: float
+    refresh_s: float
+    refresh_gbps: float
+    loss: float
+    grad_norm: float
+    step_s: float
+
+    @classmethod
+    def of(
+        cls,
+        step: int,
+        mode: str,
+        batch: Rollout,
+        train: dict[str, Any],
+        generator_version: int,
+        staleness: int,
+        step_s: float,
+        refresh: dict[str, Any] | None = None,
+    ) -> StepRow:
+        return cls(
+            step=step,
+            mode=mode,
+            policy_version=train["policy_version"],
+            generator_version=generator_version,
+            staleness=staleness,
+            mean_reward=batch.mean_reward,
+            accuracy=batch.accuracy,
+            tokens_per_s=batch.tokens_per_s,
+            truncated=batch.truncated,
+            generate_s=batch.generate_s,
+            score_s=batch.score_s,
+            reference_s=batch.reference_s,
+            train_s=train["train_seconds"],
+            refresh_s=refresh["total_seconds"] if refresh else 0.0,
+            refresh_gbps=refresh["gbps"] if refresh else 0.0,
+            loss=train["loss"],
+            grad_norm=train["grad_norm"],
+            step_s=step_s,
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)

@@ -1,0 +1,53 @@
+"""pandas tables of a session's samples, readable at a glance (`Session.samples`)."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from forge_nb.metrics import MetricsStream
+from forge_nb.rl.replay import ReplayBuffer
+from forge_nb.run.rollout_log import RolloutLog
+from forge_nb.state import SessionError
+
+SAMPLE_COLUMNS = [
+    "sample_id",
+    "prompt",
+    "completion",
+    "target",
+    "reward",
+    "advantage",
+    "finish_reason",
+    "policy_version",
+    "reward_version",
+    "loss_version",
+    "reward_error",
+]
+
+
+def samples_table(buffer: ReplayBuffer, n: int = 16) -> pd.DataFrame:
+    """The last `n` samples: prompt (as the model saw it), completion, target, the weighted reward
+    and each reward's own score (``reward/<name>``), advantage, and the versions that made them."""
+    df = buffer.to_pandas(n)
+    if df.empty:
+        return pd.DataFrame(columns=SAMPLE_COLUMNS).set_index("sample_id")
+    members = sorted(c for c in df.columns if c.startswith("reward/"))
+    columns = SAMPLE_COLUMNS[:5] + members + SAMPLE_COLUMNS[5:]
+    return df[columns].set_index("sample_id").round({c: 3 for c in ["reward", "advantage", *members]})
+
+
+def samples(
+    buffer: ReplayBuffer, log: RolloutLog | None, n: int, step: int | None, prompt_id: str | None
+) -> pd.DataFrame:
+    """`samples_table` of the last `n`; with `step` or `prompt_id`, every sample of that trained step /
+    of that prompt so far, from the rollout log (tokens and logprobs too)."""
+    if step is None and prompt_id is None:
+        return samples_table(buffer, n)
+    if log is None:
+        raise SessionError("forge_nb: the rollout log is off (log.samples=False): only s.samples(n)")
+    return log.read(step=step, prompt_id=prompt_id)
+
+
+def staleness(metrics: MetricsStream) -> pd.Series:
+    """Trained batches by staleness (trainer version - generating version), from the step rows."""
+    steps = metrics.to_pandas("step")
+    return steps.staleness.value_counts().sort_index() if not steps.empty else pd.Series(dtype=int)
