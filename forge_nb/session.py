@@ -55,7 +55,7 @@ class Session:
 
     def __init__(self, config: Config, data: Any = None) -> None:
         self.config = config.validate()
-        self.state = RunState(config, make_task(config.task, config.seed, data))  # your rows, task.path or bundled
+        self.state = RunState(self.config, make_task(config.task, config.seed, data))  # your rows, task.path, bundled
         self.run_id, self.run_dir = new_run_dir(config, id(self))  # the rollout log, trackers, checkpoints
         self.checkpoints = Checkpoints(config, self.run_dir)
         self.live_code = LiveCodeManager(config)
@@ -204,8 +204,8 @@ class Session:
         with self.whole_step():
             actors = self._require_up()
             loss_version = self.live_code.live("loss").version
-            row, batch = step.sync_step(self.state, actors, loss_version)
-            self.after_step(row, batch, row.as_dict())
+            row, batch, trained = step.sync_step(self.state, actors, loss_version)
+            self.after_step(row, batch, trained)
         return row
 
     def step(self, n: int = 1, progress: bool = True) -> pd.DataFrame:

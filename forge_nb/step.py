@@ -101,9 +101,9 @@ def sync(state: RunState, roles: Roles) -> dict[str, Any]:
     return row
 
 
-def sync_step(state: RunState, roles: Roles, loss_version: int) -> tuple[StepRow, Rollout]:
+def sync_step(state: RunState, roles: Roles, loss_version: int) -> tuple[StepRow, Rollout, dict[str, Any]]:
     """rollout -> train -> sync on the task's next prompts -> the step's row (also on the metrics
-    stream), and the batch."""
+    stream), the batch and the train metrics."""
     start = time.perf_counter()
     batch = rollout(state, roles)
     staleness = state.versions.trained - batch.policy_version
@@ -112,7 +112,7 @@ def sync_step(state: RunState, roles: Roles, loss_version: int) -> tuple[StepRow
     seconds = time.perf_counter() - start
     row = StepRow.of(state.step_count, "sync", batch, trained, refresh["version"], staleness, seconds, refresh)
     state.metrics.emit("step", **row.as_dict())
-    return row, batch
+    return row, batch, trained
 
 
 def log_batch(

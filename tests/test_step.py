@@ -59,10 +59,10 @@ def _state() -> RunState:
 def test_a_sync_step_is_rollout_score_train_sync_and_emits_one_row_per_phase():
     state = _state()
     roles = _Roles(state)
-    row, batch = step.sync_step(state, roles, loss_version=0)
+    row, batch, trained = step.sync_step(state, roles, loss_version=0)
     assert roles.calls == ["generate", "score", "train_step", "refresh"]
     assert (row.step, row.mode, row.policy_version, row.generator_version, row.staleness) == (1, "sync", 1, 1, 0)
-    assert (row.train_s, row.refresh_gbps, row.loss) == (0.2, 1000 / 0.5 / 1e9, 0.3)
+    assert (row.train_s, row.refresh_gbps, row.loss) == (0.2, 1000 / 0.5 / 1e9, 0.3) and trained["grad_norm"] == 1.5
     assert [e.sample_id for e in batch.episodes] == [0, 1, 2, 3] and state.next_sample_id == 4
     assert [e.advantage != 0 for e in batch.episodes] == [True] * 4  # rewards 0, 1 in each group of 2
     assert state.step_count == 1 and state.rollout_count == 1 and state.buffer.added == 4

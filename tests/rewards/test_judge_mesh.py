@@ -73,7 +73,7 @@ def test_a_resumed_session_starts_its_judge_when_the_first_batch_asks_and_loses_
     try:
         assert "judge" not in r.pids  # nothing has asked it yet
         r.step(1)
-        assert r.pids["judge"] and all(e.reward_error is None for e in r.buffer.recent(16))
+        assert r.pids["judge"] and all(e.reward_error is None for e in r.state.buffer.recent(16))
         assert any(e["role"] == "judge" and "started" in e["what"] for e in r.status()["events"])
     finally:
         r.down()

@@ -37,12 +37,12 @@ def test_train_save_train_equals_resume_train_bit_for_bit(tmp_path):
     try:
         assert r.step_count == 2 and r.trainer_version == 2 and r.config.task.name == "dataset"
         assert set(r.registry.live("reward").members) == {"reward", "bonus"}
-        assert r.task.epoch == 0 and len(r.task.held_out) == 6
+        assert r.state.task.epoch == 0 and len(r.state.task.held_out) == 6
         r.step(3)
         b, b_rows = _weights(r), r.metrics_stream.to_pandas("step")[["mean_reward", "loss", "policy_version"]]
         assert a == b  # trainer and generator weights, bit for bit
         assert a_rows.equals(b_rows)  # the metrics before the save came along; those after are the same
-        assert [e.sample_id for e in r.buffer.recent(1000)] == a_ids
+        assert [e.sample_id for e in r.state.buffer.recent(1000)] == a_ids
     finally:
         r.down()
     assert wait_no_children() == []
