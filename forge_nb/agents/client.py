@@ -10,7 +10,8 @@ what the model saw.
 
 `Limits` are enforced here: a call past `max_turns`, or with no room left in `max_total_tokens`,
 raises `RolloutLimit` (the runner turns it into the finish reason); each call's `max_tokens` is
-capped by `Limits.max_tokens` and by the tokens left. Other OpenAI parameters (`model`, `seed`,
+capped by `Limits.max_tokens` and by the tokens left. One call at a time per client (a trajectory is
+one conversation); concurrency comes from many trajectories. Other OpenAI parameters (`model`, `seed`,
 `user`, ...) are accepted and ignored; `n > 1` and `stream=True` are refused.
 """
 
@@ -79,6 +80,7 @@ class AgentClient:
         self.budget_exhausted = False  # a completion was cut because the token budget ran out
         self._history: list[dict] = []  # the messages the last prompt was rendered from
         self._schemas: list[dict] = []
+        self._in_call = False
         self.chat = SimpleNamespace(completions=SimpleNamespace(create=self.create))
 
     async def create(
@@ -97,6 +99,23 @@ class AgentClient:
         """One model call on `messages` -> a ChatCompletion with one choice (tool calls parsed)."""
         if n != 1 or stream:
             raise ValueError("forge_nb's chat client returns one whole completion per call: n=1, stream=False")
+        if self._in_call:
+            raise ConversationError("one call at a time per trajectory: await each call before the next")
+        self._in_call = True
+        try:
+            return await self._create(messages, tools, temperature, top_p, max_tokens or max_completion_tokens, stop)
+        finally:
+            self._in_call = False
+
+    async def _create(
+        self,
+        messages: Sequence[Any],
+        tools: ToolSet | Sequence[Callable | dict] | None,
+        temperature: float | None,
+        top_p: float | None,
+        max_tokens: int | None,
+        stop: str | Sequence[str] | None,
+    ) -> ChatCompletion:
         turns = len(self.trajectory.turns)
         if turns >= self.limits.max_turns:
             raise RolloutLimit("max_turns", f"call {turns + 1} is past max_turns={self.limits.max_turns}")
@@ -107,7 +126,7 @@ class AgentClient:
         if self.budget_exhausted or room <= 0:
             self.budget_exhausted = True
             raise RolloutLimit("max_tokens", f"no room left in max_total_tokens={self.limits.max_total_tokens}")
-        wanted = max_completion_tokens or max_tokens or self.sampling.max_tokens
+        wanted = max_tokens or self.sampling.max_tokens
         budget = min(wanted, self.limits.max_tokens, room)
         sampling = SamplingParams(
             n=1,
@@ -150,7 +169,8 @@ class AgentClient:
         return next_prompt_ids(self.tokenizer, prompt, last.completion_ids, self._history, messages[n + 1 :], schemas)
 
     def _completion(self, text: str, reason: str, prompt: int, generated: int, schemas: list[dict]) -> ChatCompletion:
-        parsed = parse_tool_calls(text) if schemas else None
+        turn = len(self.trajectory.turns) - 1
+        parsed = parse_tool_calls(text, id_prefix=f"call_{turn}_") if schemas else None
         calls = parsed.tool_calls if parsed else []
         message = ChatCompletionMessage(
             role="assistant", content=parsed.content if parsed else text, tool_calls=calls or None

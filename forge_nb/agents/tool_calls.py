@@ -112,9 +112,9 @@ def render(tokenizer, messages: Sequence[Any], schemas: Sequence[dict] = (), add
     return tokenizer.apply_chat_template(plain, tokenize=False, add_generation_prompt=add_generation_prompt)
 
 
-def parse_tool_calls(text: str) -> ParsedCompletion:
+def parse_tool_calls(text: str, id_prefix: str = "call_") -> ParsedCompletion:
     """Hermes ``<tool_call>`` blocks in `text` -> content and OpenAI-shaped tool calls
-    (``{"id", "type": "function", "function": {"name", "arguments": JSON string}}``)."""
+    (``{"id": id_prefix + k, "type": "function", "function": {"name", "arguments": JSON string}}``)."""
     calls = []
     for k, block in enumerate(TOOL_CALL_BLOCK.findall(text)):
         raw = block.strip()
@@ -125,16 +125,16 @@ def parse_tool_calls(text: str) -> ParsedCompletion:
         if isinstance(obj, dict) and isinstance(obj.get("name"), str):
             arguments = obj.get("arguments", obj.get("parameters", {}))
             arguments = arguments if isinstance(arguments, str) else json.dumps(arguments)
-            calls.append(_call(k, obj["name"], arguments))
+            calls.append(_call(f"{id_prefix}{k}", obj["name"], arguments))
         else:
             found = NAME_IN_BROKEN_JSON.search(raw)
-            calls.append(_call(k, found.group(1) if found else "", raw))
+            calls.append(_call(f"{id_prefix}{k}", found.group(1) if found else "", raw))
     content = TOOL_CALL_BLOCK.sub("", text).strip()
     return ParsedCompletion(content if content or not calls else None, calls)
 
 
-def _call(k: int, name: str, arguments: str) -> dict:
-    return {"id": f"call_{k}", "type": "function", "function": {"name": name, "arguments": arguments}}
+def _call(call_id: str, name: str, arguments: str) -> dict:
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
 
 
 def _call_block(call: dict) -> str:

@@ -54,7 +54,7 @@ def test_a_tool_call_runs_the_tool_and_only_the_models_tokens_are_trained(tokeni
     backend = ScriptedBackend(tokenizer, calls_then_answers)
     trajectory, response, messages = run_tool_loop(tokenizer, backend)
     assert isinstance(response, ChatCompletion) and response.choices[0].message.content == "The answer is 42."
-    assert messages[2] == {"role": "tool", "tool_call_id": "call_0", "name": "multiply", "content": "42"}
+    assert messages[2] == {"role": "tool", "tool_call_id": "call_0_0", "name": "multiply", "content": "42"}
     assert (trajectory.num_turns, trajectory.tool_calls, trajectory.tool_errors) == (2, 1, 0)
 
     ids, mask, logprobs = trajectory.token_ids(), trajectory.loss_mask(), trajectory.logprobs()
