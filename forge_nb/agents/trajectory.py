@@ -98,7 +98,8 @@ class Trajectory:
 
     def last_prompt_ids(self) -> list[int]:
         """What the backend was given as the prompt of the last call."""
-        return self.token_ids()[: len(self.token_ids()) - len(self.turns[-1].completion_ids)] if self.turns else []
+        ids = self.token_ids()
+        return ids[: len(ids) - len(self.turns[-1].completion_ids)] if self.turns else []
 
     @property
     def turn_rewards(self) -> list[float]:

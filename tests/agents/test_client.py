@@ -1,6 +1,7 @@
 """The chat client with a scripted backend: what is recorded, what is masked, and how calls are batched."""
 
 import asyncio
+import copy
 
 import pytest
 from openai.types.chat import ChatCompletion
@@ -130,3 +131,52 @@ def test_the_calls_max_tokens_is_capped_by_the_limits(tokenizer):
     response = asyncio.run(client.chat.completions.create(messages=[{"role": "user", "content": "count"}]))
     assert response.choices[0].finish_reason == "length" and response.usage.completion_tokens == 4
     assert trajectory.turns[0].finish_reason == "length"
+
+
+def test_a_template_that_renders_tools_natively_keeps_the_stream_exact(tokenizer):
+    from tests.agents.test_tool_calls import TOOL_TEMPLATE
+
+    native = copy.copy(tokenizer)
+    native.chat_template = TOOL_TEMPLATE  # writes a tool result as "<|im_start|>tool\n42<|im_end|>"
+
+    def reply(prompt: str) -> str:
+        if "<|im_start|>tool\n" in prompt:
+            return "The answer is " + prompt.split("<|im_start|>tool\n")[-1].split("<|im_end|>")[0] + "."
+        return CALL
+
+    backend = ScriptedBackend(native, reply)
+    trajectory, response, _ = run_tool_loop(native, backend)
+    assert response.choices[0].message.content == "The answer is 42."
+    last = backend.batches[-1][0]
+    assert trajectory.token_ids() == last + backend.outputs[tuple(last)]
+    assert native.decode(backend.batches[0][0]).startswith('<|im_start|>system\n<tools>{"type": "function"')
+
+
+def test_an_async_backend_is_awaited(tokenizer):
+    scripted = ScriptedBackend(tokenizer, lambda p: "async ok")
+
+    async def backend(prompt_ids, sampling):
+        await asyncio.sleep(0)
+        return scripted(prompt_ids, sampling)
+
+    client = AgentClient(GenerationBatcher(backend), tokenizer, Trajectory(row={}))
+    response = asyncio.run(client.chat.completions.create(messages=[{"role": "user", "content": "hi"}]))
+    assert response.choices[0].message.content == "async ok"
+
+
+def test_a_backend_failure_reaches_every_waiting_call(tokenizer):
+    def broken(prompt_ids, sampling):
+        raise RuntimeError("prompt longer than the model's context")
+
+    batcher = GenerationBatcher(broken)
+
+    async def two():
+        clients = [AgentClient(batcher, tokenizer, Trajectory(row={})) for _ in range(2)]
+        messages = [{"role": "user", "content": "hi"}]
+        return await asyncio.gather(
+            *(c.chat.completions.create(messages=messages) for c in clients), return_exceptions=True
+        )
+
+    errors = asyncio.run(two())
+    assert [str(e) for e in errors] == ["prompt longer than the model's context"] * 2
+    assert batcher.batch_sizes == [2]

@@ -6,6 +6,7 @@ import asyncio
 import pytest
 import torch
 
+from forge_nb.agents.adapters.textarena import TextArenaEnv
 from forge_nb.agents.backend import engine_backend
 from forge_nb.agents.batching import GenerationBatcher
 from forge_nb.agents.client import Limits
@@ -101,7 +102,7 @@ def test_two_turn_calculator_trajectories_on_smollm2_are_recorded_token_in_token
         assert "<tool_response>" in second_delta or "Check it with the calculator tool." in second_delta
 
 
-def test_the_bundled_calculator_task_and_guess_the_number_run_on_smollm2(smollm2_engine, backend):
+def test_the_bundled_tasks_and_a_textarena_game_run_on_smollm2(smollm2_engine, backend):
     tokenizer = smollm2_engine.tokenizer
     limits = Limits(max_turns=3, max_tokens=32)
     batcher = GenerationBatcher(backend)
@@ -125,7 +126,17 @@ def test_the_bundled_calculator_task_and_guess_the_number_run_on_smollm2(smollm2
             sampling=SamplingParams(temperature=1.0, max_tokens=8, seed=0),
         )
     )
-    for t in calc + guess:
+    arena = asyncio.run(
+        run_rollouts(
+            batcher,
+            tokenizer,
+            [{"seed": 0}],
+            env=lambda: TextArenaEnv("GuessTheNumber-v0-raw"),
+            limits=Limits(max_turns=2),
+            sampling=SamplingParams(temperature=1.0, max_tokens=8, seed=0),
+        )
+    )
+    for t in calc + guess + arena:
         assert t.finish_reason in ("stop", "max_turns"), t.error
         check_recorded_exactly(t, backend, smollm2_engine)
     assert all(t.reward in (0.0, 1.0) for t in calc if t.finish_reason == "stop")

@@ -145,3 +145,15 @@ def test_an_environment_that_is_never_done_stops_at_max_turns(tokenizer):
     trajectories, _ = run(tokenizer, lambda p: "no idea", rows=[{"target": 3}], env=GuessTheNumber)
     (t,) = trajectories
     assert t.finish_reason == "max_turns" and t.num_turns == Limits().max_turns and t.total_reward == 0.0
+
+
+def test_a_rollout_that_returns_after_its_reply_was_cut_by_the_budget_finishes_with_max_tokens(tokenizer):
+    async def one_reply(client, row, **context):
+        await client.chat.completions.create(messages=[{"role": "user", "content": row["q"]}])
+        return 1.0
+
+    limits = Limits(max_total_tokens=40, max_tokens=64)  # the prompt is ~30 tokens: room for ~10
+    trajectories, _ = run(tokenizer, lambda p: "word " * 30, rollout=one_reply, limits=limits)
+    for t in trajectories:
+        assert t.finish_reason == "max_tokens" and t.reward == 1.0 and t.num_tokens == 40
+        assert t.turns[0].finish_reason == "length"

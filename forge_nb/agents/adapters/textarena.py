@@ -26,8 +26,10 @@ class TextArenaEnv:
         self.game_info: dict = {}
 
     def reset(self, row: dict) -> str:
-        import textarena
-
+        try:
+            import textarena
+        except ImportError as e:
+            raise ImportError("TextArenaEnv needs textarena: pip install 'forge_nb[agents]'") from e
         self.game = textarena.make(self.env_id, **self.make_kwargs)
         seed = row.get("seed")
         self.game.reset(num_players=1, seed=None if seed is None else int(seed))
