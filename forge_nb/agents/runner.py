@@ -62,6 +62,10 @@ async def run_rollouts(
     `limits` default to `Limits()`; `sampling` gives the calls' defaults (see `AgentClient`)."""
     if (rollout is None) == (env is None):
         raise ValueError("run_rollouts: give either rollout= (an agent loop) or env= (an environment factory)")
+    if rollout is not None and not inspect.iscoroutinefunction(rollout):
+        raise TypeError(
+            f"rollout {getattr(rollout, '__name__', rollout)!r} must be `async def rollout(client, row, **context)`"
+        )
     batcher = backend if isinstance(backend, GenerationBatcher) else GenerationBatcher(backend)
     toolset = ToolSet(tools, tool_timeout)
     jobs = [

@@ -25,6 +25,8 @@ from typing import Any
 from forge_nb.agents.tool_calls import render
 
 FINISH_REASONS = ("stop", "max_turns", "max_tokens", "error")
+#: The columns of `Trajectory.summary` (besides "trained_tokens").
+SUMMARY = "group sample finish_reason error num_turns num_tokens reward total_reward tool_calls tool_errors".split()
 
 
 class TemplateRewriteError(ValueError):
@@ -125,6 +127,10 @@ class Trajectory:
     @property
     def tool_errors(self) -> int:
         return sum(turn.tool_errors for turn in self.turns)
+
+    def summary(self) -> dict:
+        """A flat dict for tables (no token lists)."""
+        return {name: getattr(self, name) for name in SUMMARY} | {"trained_tokens": sum(self.loss_mask())}
 
     def add_reward(self, value: float) -> None:
         """Add `value` to the latest turn's reward (a per-turn reward from inside a rollout)."""

@@ -4,6 +4,8 @@ import asyncio
 import re
 import time
 
+import pytest
+
 from forge_nb.agents.batching import GenerationBatcher
 from forge_nb.agents.client import Limits
 from forge_nb.agents.runner import run_rollouts
@@ -157,3 +159,11 @@ def test_a_rollout_that_returns_after_its_reply_was_cut_by_the_budget_finishes_w
     for t in trajectories:
         assert t.finish_reason == "max_tokens" and t.reward == 1.0 and t.num_tokens == 40
         assert t.turns[0].finish_reason == "length"
+
+
+def test_a_rollout_that_is_not_async_is_refused_up_front(tokenizer):
+    def not_async(client, row, **context):
+        return 1.0
+
+    with pytest.raises(TypeError, match="must be `async def rollout"):
+        run(tokenizer, lambda p: "ok", rollout=not_async)

@@ -59,3 +59,21 @@ def test_a_template_that_rewrites_earlier_turns_is_refused(tokenizer):
     prompt = encode(rewriting, render(rewriting, history))
     with pytest.raises(TemplateRewriteError, match="renders the earlier turns differently"):
         next_prompt_ids(rewriting, prompt, encode(rewriting, "Hello"), history, [{"role": "user", "content": "Yo"}])
+
+
+def test_summary_is_a_flat_row_for_tables():
+    t = Trajectory(row={}, group=2, sample=1, finish_reason="stop", reward=1.0)
+    t.turns.append(Turn([1, 2], [3], [-0.5], "x", "stop", tool_calls=1))
+    assert t.summary() == {
+        "group": 2,
+        "sample": 1,
+        "finish_reason": "stop",
+        "error": None,
+        "num_turns": 1,
+        "num_tokens": 3,
+        "reward": 1.0,
+        "total_reward": 1.0,
+        "tool_calls": 1,
+        "tool_errors": 0,
+        "trained_tokens": 1,
+    }
