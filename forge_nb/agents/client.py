@@ -34,7 +34,7 @@ from forge_nb.agents.batching import GenerationBatcher
 from forge_nb.agents.tool_calls import as_message, parse_tool_calls, render
 from forge_nb.agents.tools import ToolSet, tool_schema
 from forge_nb.agents.trajectory import Trajectory, Turn, next_prompt_ids
-from forge_nb.engines.base import SamplingParams
+from forge_nb.engines.base import SamplingParams, cut_at_stop
 
 
 @dataclass(frozen=True)
@@ -148,7 +148,8 @@ class AgentClient:
             self.budget_exhausted = True
         self._history, self._schemas = messages, schemas
         self.trajectory.messages = [*messages, {"role": "assistant", "content": text}]
-        return self._completion(text, completion.finish_reason, len(prompt_ids), len(completion.token_ids), schemas)
+        shown = cut_at_stop(text, sampling.stop)[0]  # as OpenAI: the content ends before the stop string
+        return self._completion(shown, completion.finish_reason, len(prompt_ids), len(completion.token_ids), schemas)
 
     def _prompt(self, messages: list[dict], schemas: list[dict]) -> tuple[list[int], list[int]]:
         """-> (the prompt ids of this call, its delta: the tokens it adds to the conversation)."""

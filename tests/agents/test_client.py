@@ -180,3 +180,19 @@ def test_a_backend_failure_reaches_every_waiting_call(tokenizer):
     errors = asyncio.run(two())
     assert [str(e) for e in errors] == ["prompt longer than the model's context"] * 2
     assert batcher.batch_sizes == [2]
+
+
+def test_a_stop_string_ends_the_content_but_its_tokens_stay_recorded(tokenizer):
+    class StopsAtEnd(ScriptedBackend):
+        def __call__(self, prompt_ids, sampling):
+            out = super().__call__(prompt_ids, sampling)
+            assert sampling.stop == ("END",)
+            return out
+
+    backend = StopsAtEnd(tokenizer, lambda p: "42 END")
+    trajectory = Trajectory(row={})
+    client = AgentClient(GenerationBatcher(backend), tokenizer, trajectory)
+    messages = [{"role": "user", "content": "answer"}]
+    response = asyncio.run(client.chat.completions.create(messages=messages, stop="END"))
+    assert response.choices[0].message.content == "42 "
+    assert trajectory.turns[0].text == "42 END"
