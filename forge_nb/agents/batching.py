@@ -69,7 +69,7 @@ class GenerationBatcher:
         self.batch_sizes.append(len(calls))
         prompts = [c.prompt_ids for c in calls]
         try:
-            if _is_async(self.backend):
+            if is_async(self.backend):
                 out = await self.backend(prompts, sampling)
             else:
                 out = await asyncio.to_thread(self.backend, prompts, sampling)
@@ -85,6 +85,6 @@ class GenerationBatcher:
                 c.done.set_result(completion)
 
 
-def _is_async(backend: Backend) -> bool:
-    call = type(backend).__call__ if not inspect.isfunction(backend) else backend
-    return inspect.iscoroutinefunction(backend) or inspect.iscoroutinefunction(call)
+def is_async(fn: Callable) -> bool:
+    """Whether calling `fn` (a function, a partial of one, or an object with ``__call__``) gives a coroutine."""
+    return inspect.iscoroutinefunction(fn) or (callable(fn) and inspect.iscoroutinefunction(type(fn).__call__))

@@ -26,7 +26,7 @@ import inspect
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Protocol
 
-from forge_nb.agents.batching import Backend, GenerationBatcher
+from forge_nb.agents.batching import Backend, GenerationBatcher, is_async
 from forge_nb.agents.client import AgentClient, Limits, RolloutLimit
 from forge_nb.agents.tools import DEFAULT_TIMEOUT_S, ToolSet
 from forge_nb.agents.trajectory import Trajectory
@@ -62,7 +62,7 @@ async def run_rollouts(
     `limits` default to `Limits()`; `sampling` gives the calls' defaults (see `AgentClient`)."""
     if (rollout is None) == (env is None):
         raise ValueError("run_rollouts: give either rollout= (an agent loop) or env= (an environment factory)")
-    if rollout is not None and not inspect.iscoroutinefunction(rollout):
+    if rollout is not None and not is_async(rollout):
         raise TypeError(
             f"rollout {getattr(rollout, '__name__', rollout)!r} must be `async def rollout(client, row, **context)`"
         )

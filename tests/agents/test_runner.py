@@ -167,3 +167,13 @@ def test_a_rollout_that_is_not_async_is_refused_up_front(tokenizer):
 
     with pytest.raises(TypeError, match="must be `async def rollout"):
         run(tokenizer, lambda p: "ok", rollout=not_async)
+
+
+def test_an_object_with_an_async_call_is_a_rollout(tokenizer):
+    class Agent:
+        async def __call__(self, client, row, **context):
+            await client.chat.completions.create(messages=[{"role": "user", "content": row["q"]}])
+            return 0.5
+
+    trajectories, _ = run(tokenizer, lambda p: "ok", rollout=Agent())
+    assert [t.reward for t in trajectories] == [0.5, 0.5, 0.5]
