@@ -3,16 +3,15 @@
 ``await client.chat.completions.create(messages=..., tools=..., temperature=..., max_tokens=...)``
 returns an `openai.types.chat.ChatCompletion`; every call's exact prompt delta, generated token ids
 and logprobs are recorded into `client.trajectory` (see `trajectory`). A conversation must grow by
-appending: call k+1's messages are call k's, then the assistant reply (the returned message or any
-assistant dict: the recorded tokens stand for it), then new messages (tool results, user turns).
-Editing earlier messages raises `ConversationError`, since the recorded tokens would no longer be
-what the model saw.
+appending: call k+1's messages are call k's, the assistant reply (the returned message or any assistant
+dict: the recorded tokens stand for it), then new messages (tool results, user turns); editing earlier
+messages raises `ConversationError` (the recorded tokens would no longer be what the model saw).
 
 `Limits` are enforced here: a call past `max_turns`, or with no room left in `max_total_tokens`,
 raises `RolloutLimit` (the runner turns it into the finish reason); each call's `max_tokens` is
-capped by `Limits.max_tokens` and by the tokens left. One call at a time per client (a trajectory is
-one conversation); concurrency comes from many trajectories. Other OpenAI parameters (`model`, `seed`,
-`user`, ...) are accepted and ignored; `n > 1` and `stream=True` are refused.
+capped by `Limits.max_tokens` and the tokens left. One call at a time per client (one conversation);
+concurrency comes from many trajectories. Other OpenAI parameters (`model`, `seed`, `user`, ...) are
+accepted and ignored; `n > 1` and `stream=True` are refused.
 """
 
 from __future__ import annotations
