@@ -1,0 +1,1 @@
+"""Adapters running external environment packages unchanged through `agents.runner`."""
