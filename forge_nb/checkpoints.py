@@ -73,6 +73,13 @@ class Checkpoints:
         self.saved.append((state.step_count, out))
         return out
 
+    @staticmethod
+    def save_model(path: str | Path, roles: Roles, tokenizer: Any) -> int:
+        """The trainer's current weights and the tokenizer as an HF model directory -> their policy version."""
+        version = roles.save(str(path))
+        tokenizer.save_pretrained(str(path))
+        return version
+
     def due(self, step: int) -> bool:
         """Whether a periodic checkpoint is due after trained step `step` (and schedule the next)."""
         if not self.every or step < self.next_due:

@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import time
 
 import torch
 
-from forge_nb.config import Config
+from forge_nb.actors.env import AgentCode
+from forge_nb.agents.episodes import episodes_of, row_of
+from forge_nb.agents.trajectory import Trajectory
 from forge_nb.engines.base import SamplingParams
 from forge_nb.mesh.roles import Roles
 from forge_nb.rewards.batch import reward_batch
@@ -19,19 +22,12 @@ from forge_nb.rl.advantages import group_relative
 from forge_nb.rl.episode import Episode
 from forge_nb.rl.rollout import apply_scores, make_episodes
 from forge_nb.state import RunState
-from forge_nb.tasks.base import Task
 from forge_nb.tasks.prompts import PromptFormat
 
+PROBE_ROWS = 2  # held-out rows a candidate agent rollout is checked on
 
-def evaluate(
-    actors: Roles,
-    task: Task,
-    prompts: PromptFormat,
-    config: Config,
-    step: int,
-    max_tokens: int | None = None,
-    greedy: bool | None = None,
-) -> dict[str, float]:
+
+def evaluate(actors: Roles, state: RunState, max_tokens: int | None = None, greedy: bool | None = None) -> dict:
     """Every held-out prompt under the weights the generator serves now: greedy (one completion
     each) or sampled (`eval.samples_per_prompt` each, at engine.temperature), per `config.eval`
     or `greedy` when given.
@@ -39,22 +35,31 @@ def evaluate(
     -> policy_version; heldout_accuracy (the task's verifier); eval_reward (the live weighted
     reward) and eval_reward/<member> for each reward member; eval_failed (samples a reward failed
     on); truncated (share that hit max_tokens); eval_samples; eval_greedy (1.0 or 0.0); eval_s (generation
-    seconds)."""
+    seconds). With an agent rollout live, each held-out prompt runs as trajectories of it. The result is
+    also an "eval" row of the metrics stream."""
+    config, task, step = state.config, state.task, state.step_count
     e, engine = config.eval, config.engine
     if greedy is not None:  # this call only
         e = dataclasses.replace(e, greedy=greedy)
     problems = task.eval_set()
-    texts, ids = prompts.render_all(problems)
     sampling = engine.sampling(1 if e.greedy else e.samples_per_prompt, config.seed, 0.0 if e.greedy else None)
     sampling = dataclasses.replace(sampling, max_tokens=max_tokens or engine.max_tokens)
-    generation = actors.generate(ids, sampling)
-    episodes = make_episodes(problems, texts, generation.completions, generation.policy_version, None)
+    start = time.perf_counter()
+    if actors.envs.live is not None:
+        context = {"step": step, "policy_version": state.versions.served, "eval": True}
+        trajectories = actors.envs.rollouts([row_of(p) for p in problems], sampling.n, sampling, context)
+        episodes = episodes_of(trajectories, problems, None)
+    else:
+        texts, ids = state.prompts.render_all(problems)
+        generation = actors.generate(ids, sampling)
+        episodes = make_episodes(problems, texts, generation.completions, generation.policy_version, None)
+    seconds = time.perf_counter() - start
     for part, scores in actors.score(reward_batch(episodes, step)):
         apply_scores(episodes[part], scores)
     scored = [x for x in episodes if x.reward_error is None]
     members = sorted({name for x in scored for name in x.rewards})
-    return {
-        "policy_version": generation.policy_version,
+    result = {
+        "policy_version": min(x.policy_version for x in episodes),
         "heldout_accuracy": sum(task.verify(x.completion, x.target) for x in episodes) / len(episodes),
         "eval_reward": _mean([x.reward for x in scored]),
         **{f"eval_reward/{m}": _mean([x.rewards[m] for x in scored if m in x.rewards]) for m in members},
@@ -62,8 +67,10 @@ def evaluate(
         "truncated": sum(x.finish_reason == "length" for x in episodes) / len(episodes),
         "eval_samples": len(episodes),
         "eval_greedy": float(e.greedy),
-        "eval_s": generation.seconds,
+        "eval_s": seconds,
     }
+    state.metrics.emit("eval", step=step, **result)
+    return result
 
 
 def probe_samples(actors: Roles, state: RunState, n: int) -> list[Episode]:
@@ -81,6 +88,14 @@ def probe_samples(actors: Roles, state: RunState, n: int) -> list[Episode]:
     for x, r, a in zip(episodes, rewards.tolist(), advantages):
         x.reward, x.advantage = r, a
     return episodes[:n]
+
+
+def probe_agents(actors: Roles, state: RunState, agent: AgentCode) -> list[Trajectory]:
+    """Trajectories of candidate rollout `agent` on the first held-out rows (2 samples each): what it is
+    checked on before it gets a version (never trained on, never stored)."""
+    problems = state.task.eval_set()[:PROBE_ROWS]
+    context = {"step": state.step_count, "policy_version": state.versions.served, "probe": True}
+    return actors.envs.rollouts([row_of(p) for p in problems], 2, state.sampling(n=2), context, agent)
 
 
 def generate(

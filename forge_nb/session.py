@@ -15,7 +15,7 @@ wrap a session (`notebook.session`); this module imports no notebook code.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -28,6 +28,7 @@ from forge_nb import evaluation, step, tables
 from forge_nb.checkpoints import Checkpoints
 from forge_nb.config import Config
 from forge_nb.export import export_bundle
+from forge_nb.live.agents import AgentRollouts
 from forge_nb.live.capture import LiveCode
 from forge_nb.live.manager import LiveCodeManager
 from forge_nb.live.registry import Registry
@@ -59,12 +60,12 @@ class Session:
         self.run_id, self.run_dir = new_run_dir(config, id(self))  # the rollout log, trackers, checkpoints
         self.checkpoints = Checkpoints(config, self.run_dir)
         self.live_code = LiveCodeManager(config)
+        self.agents = AgentRollouts(lambda: self.live_code.registry)
         self.actors: Roles | None = None
         self.watcher: Watch | None = None
         self._watch_fired = False
-        # The generator side (rollout, sync, reward swaps) and the trainer side (train, loss swaps) each
-        # hold their lock for a whole batch, so swaps and calls from cells land between batches; a
-        # synchronous step holds both, the async run lets the two sides overlap.
+        # The generator side (rollout, sync, reward and rollout swaps) and the trainer side (train, loss swaps)
+        # each hold their lock for a whole batch, so swaps and calls from cells land between batches.
         self.generation_lock = threading.RLock()
         self.training_lock = threading.RLock()
         self.runs = RunSlot()
@@ -93,12 +94,9 @@ class Session:
     def fork(self, step: int) -> Session:
         """A new session, in this kernel beside this one, from the newest checkpoint at or before `step`
         (those this session saved, and the periodic ones in the checkpoint folder)."""
-        found = self.checkpoints.newest(at_or_before=step)
-        if found is None:
-            raise SessionError(
-                f"forge_nb: no checkpoint at or before step {step} (checkpoints at steps "
-                f"{self.checkpoints.steps()}); save one with s.save(path), or set checkpoint.every"
-            )
+        if (found := self.checkpoints.newest(at_or_before=step)) is None:
+            steps = self.checkpoints.steps()
+            raise SessionError(f"forge_nb: no checkpoint at or before step {step} (checkpoints at steps {steps})")
         return type(self).restore(found)
 
     def _start(self, start: StartFrom | None = None) -> None:
@@ -120,6 +118,8 @@ class Session:
             actors.wait_ready()
             actors.attach_weights(cfg.weights.transport)
             self.live_code.connect(actors, self.generation_lock, self.training_lock, state, self.probe_samples)
+            self.agents.connect(actors.envs, self.generation_lock, lambda a: evaluation.probe_agents(actors, state, a))
+            self.agents.restore()
         except Exception as e:
             self.down()
             if isinstance(e, SlurmError):
@@ -164,33 +164,28 @@ class Session:
         return self.state.metrics
 
     @property
-    def step_count(self) -> int:
-        """Trained batches so far."""
+    def step_count(self) -> int:  # trained batches
         return self.state.step_count
 
     @property
-    def trainer_version(self) -> int:
-        """The policy version the trainer published last."""
+    def trainer_version(self) -> int:  # the policy version the trainer published last
         return self.state.versions.trained
 
     @property
-    def generator_version(self) -> int:
-        """The policy version the generator serves."""
+    def generator_version(self) -> int:  # the policy version the generator serves
         return self.state.versions.served
 
     # -- the step: locks here, work in `forge_nb.step` ---------------------------------------------------
     def rollout(self, problems: list[Problem] | None = None) -> Rollout:
         """Generate G samples for each of P prompts, score them, compute group-relative advantages."""
         with self.generation_lock:
-            actors = self._require_up()
-            return step.rollout(self.state, actors, problems)
+            return step.rollout(self.state, self._require_up(), problems)
 
     def train(self, rollout: Rollout) -> dict[str, Any]:
         """One optimizer step on `rollout` -> metrics (loss, grad_norm, policy_version, train_seconds, ...).
         Counts one trained batch (`step_count`)."""
         with self.training_lock:
-            actors = self._require_up()
-            return step.train(self.state, actors, rollout, self.live_code.live("loss").version)
+            return step.train(self.state, self._require_up(), rollout, self.live_code.live("loss").version)
 
     def sync(self) -> dict[str, Any]:
         """Refresh the generator with the trainer's latest published version -> report: version,
@@ -202,9 +197,8 @@ class Session:
         """rollout -> train -> sync holding both sides (no swap or call lands mid-step), then the step
         boundary (`after_step`)."""
         with self.whole_step():
-            actors = self._require_up()
             loss_version = self.live_code.live("loss").version
-            row, batch, trained = step.sync_step(self.state, actors, loss_version)
+            row, batch, trained = step.sync_step(self.state, self._require_up(), loss_version)
             self.after_step(row, batch, trained)
         return row
 
@@ -273,12 +267,7 @@ class Session:
         """The held-out prompts under the generator's current weights, greedy or sampled (`eval.*`, or
         `greedy` for this call): heldout_accuracy (the task's verifier), eval_reward, per member, ..."""
         with self.generation_lock:
-            st = self.state
-            result = evaluation.evaluate(
-                self._require_up(), st.task, st.prompts, self.config, st.step_count, max_tokens, greedy
-            )
-            st.metrics.emit("eval", step=st.step_count, **result)
-            return result
+            return evaluation.evaluate(self._require_up(), self.state, max_tokens, greedy)
 
     def probe_samples(self, n: int) -> list[Episode]:
         """`n` fresh samples of held-out prompts for validating live code before the first rollout."""
@@ -327,6 +316,21 @@ class Session:
         """Score the last `n` samples with another reward (a function, source or version number),
         without touching the live one -> DataFrame of old and new rewards side by side."""
         return self.live_code.rescore(reward, n)
+
+    def set_rollout(
+        self, fn: Callable | None = None, *, tools: Sequence[Callable] = (), version: int | None = None
+    ) -> int:
+        """Train agents: `fn` is ``async def rollout(client, row, **context)``, its model calls through `client`
+        (the OpenAI chat API) served by the generator, `tools` plain functions run in the env procs (`agents`).
+        Checked on probe rows, versioned like a reward; `version=0` goes back to one completion per sample."""
+        self._require_up()
+        return self.agents.set("rollout", fn, tools, version)
+
+    def set_env(self, cls: type | None = None, *, version: int | None = None) -> int:
+        """Train agents on an environment class with ``reset(row)`` / ``step(action) -> (observation, reward,
+        done)``: one instance per trajectory, the turns run by forge_nb (see `set_rollout`)."""
+        self._require_up()
+        return self.agents.set("env", cls, (), version)
 
     @property
     def registry(self) -> Registry:
@@ -383,11 +387,8 @@ class Session:
 
     def save_checkpoint(self, path: str | Path) -> int:
         """Write the trainer's current weights and the tokenizer as an HF model directory -> version."""
-        actors = self._require_up()
         with self.training_lock:
-            version = actors.save(str(path))
-        self.tokenizer.save_pretrained(str(path))
-        return version
+            return self.checkpoints.save_model(path, self._require_up(), self.tokenizer)
 
     def export(self, path: str | Path, steps: int = 100) -> Path:
         """Write a standalone script + sbatch file that reproduce this session (config, current

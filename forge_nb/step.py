@@ -20,6 +20,8 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from forge_nb.actors.trainer import TrainResult
+from forge_nb.agents.episodes import episodes_of, own_reward, row_of
+from forge_nb.engines.base import SamplingParams
 from forge_nb.mesh.roles import Roles
 from forge_nb.rewards.batch import reward_batch
 from forge_nb.rl import rollout as pipeline
@@ -31,33 +33,54 @@ from forge_nb.tasks import Problem
 
 
 def rollout(state: RunState, roles: Roles, problems: list[Problem] | None = None) -> Rollout:
-    """Generate G samples for each prompt (the task's next P by default), score them, give them
-    group-relative advantages."""
+    """Generate G samples for each prompt (the task's next P by default) -- G multi-turn trajectories
+    when an agent rollout is live (`generate_agents`) -- score them, give them group-relative advantages."""
     problems = problems or state.task.sample(state.config.algorithm.prompts_per_step)
     sampling = state.sampling()
     state.rollout_count += 1
-    texts, ids = state.prompts.render_all(problems)
-    generation = roles.generate(ids, sampling)
-    first_id, version = state.next_sample_id, generation.policy_version
-    episodes = pipeline.make_episodes(problems, texts, generation.completions, version, first_id)
+    if roles.envs.live is not None:
+        start = time.perf_counter()
+        episodes, own = generate_agents(state, roles, problems, sampling)
+        generate_s, version = time.perf_counter() - start, min(e.policy_version for e in episodes)
+    else:
+        texts, ids = state.prompts.render_all(problems)
+        generation = roles.generate(ids, sampling)
+        generate_s, version, own = generation.seconds, generation.policy_version, None
+        episodes = pipeline.make_episodes(problems, texts, generation.completions, version, state.next_sample_id)
     state.next_sample_id += len(episodes)
     reference = roles.reference_logprobs(episodes)  # the reference runs while the reward procs score
-    score_s = score(state, roles, episodes)
+    score_s = score(state, roles, episodes, own)
     reference_s = roles.attach_reference(episodes, reference)
     advantages(state, episodes, sampling.n)
     accuracy = sum(state.task.verify(e.completion, e.target) for e in episodes) / len(episodes)
     state.buffer.add(episodes)
-    batch = Rollout(episodes, version, accuracy, generation.seconds, score_s, reference_s)
+    batch = Rollout(episodes, version, accuracy, generate_s, score_s, reference_s)
     state.metrics.emit("rollout", step=state.step_count, epoch=getattr(state.task, "epoch", 0), **batch.summary())
     return batch
 
 
-def score(state: RunState, roles: Roles, episodes: list[Episode]) -> float:
+def generate_agents(
+    state: RunState, roles: Roles, problems: list[Problem], sampling: SamplingParams
+) -> tuple[list[Episode], list[float | None]]:
+    """G trajectories per problem from the live agent rollout, in the env procs (their model calls go to
+    the generator replicas, batched per turn) -> one episode per trajectory, and each trajectory's own
+    reward (None: the live rewards score its last reply)."""
+    context = {"step": state.step_count, "policy_version": state.versions.served}
+    rows = [row_of(p) for p in problems]
+    trajectories = roles.envs.rollouts(rows, sampling.n, sampling, context)
+    return episodes_of(trajectories, problems, state.next_sample_id), [own_reward(t) for t in trajectories]
+
+
+def score(state: RunState, roles: Roles, episodes: list[Episode], own: list[float | None] | None = None) -> float:
     """The live reward set on every episode, in the reward procs -> seconds. A sample a reward failed
-    on keeps reward None and its error (also in `state.reward_errors`)."""
+    on keeps reward None and its error (also in `state.reward_errors`). A trajectory with a reward of
+    its own (`own`) trains on that; the live rewards' scores are kept beside it."""
     start = time.perf_counter()
     for part, scores in roles.score(reward_batch(episodes, state.step_count)):
         state.reward_errors += pipeline.apply_scores(episodes[part], scores)
+    for e, reward in zip(episodes, own or ()):
+        if reward is not None and e.reward_error is None:
+            e.rewards, e.reward = {**e.rewards, "rollout": reward}, reward
     return time.perf_counter() - start
 
 

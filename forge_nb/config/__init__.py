@@ -15,6 +15,7 @@ from typing import Any
 
 import yaml
 
+from forge_nb.config.agent import AgentConfig
 from forge_nb.config.sections import (
     TASK_NAMES,
     AlgorithmConfig,
@@ -33,6 +34,7 @@ from forge_nb.config.sections import (
 
 __all__ = [
     "TASK_NAMES",
+    "AgentConfig",
     "AlgorithmConfig",
     "CheckpointConfig",
     "Config",
@@ -63,6 +65,7 @@ class Config:
     eval: EvalConfig = field(default_factory=EvalConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     log: LogConfig = field(default_factory=LogConfig)
+    agent: AgentConfig = field(default_factory=AgentConfig)
     seed: int = 0
 
     def validate(self) -> Config:
@@ -107,7 +110,20 @@ class Config:
         return new.validate()
 
 
-_SECTIONS = ("model", "task", "engine", "mesh", "algorithm", "live", "weights", "slurm", "eval", "checkpoint", "log")
+_SECTIONS = (
+    "model",
+    "task",
+    "engine",
+    "mesh",
+    "algorithm",
+    "live",
+    "weights",
+    "slurm",
+    "eval",
+    "checkpoint",
+    "log",
+    "agent",
+)
 # A section given as a plain string sets its main field: model="smollm2-135m-instruct", engine="vllm", task="addition".
 _MAIN_FIELD = {"model": "path", "engine": "name", "task": "name"}
 

@@ -49,6 +49,9 @@ def capture_callable(kind: str, fn: Callable) -> LiveCode:
         else:
             closure.add_function(fn)
         return closure.code(fn.__name__, origin_of(fn.__code__))
+    if isinstance(fn, type):  # an environment class (called once per trajectory), defined or imported
+        closure = _Closure(kind, fn.__name__)
+        return closure.code(closure.need(fn.__name__, fn, owner=fn.__name__), f"class {fn.__qualname__}")
     if callable(fn) and not isinstance(fn, type | types.BuiltinFunctionType | types.MethodType):
         cls = type(fn)
         name = _instance_name(cls)

@@ -29,6 +29,7 @@ from forge_nb.actors.trainer import Trainer
 from forge_nb.mesh import supervision
 from forge_nb.mesh.calls import wait
 from forge_nb.mesh.checker import ROLE as CHECKER
+from forge_nb.mesh.envs import ROLE as ENV
 from forge_nb.mesh.judges import ROLE as JUDGE
 from forge_nb.mesh.supervision import SupervisionError
 from forge_nb.weights.refresh import RefreshError
@@ -78,6 +79,9 @@ class Supervised:
             return self.checker.replace(f"respawned after {cause}")
         if role == JUDGE:
             return self.judges.respawn(cause)
+        if role == ENV:
+            self.envs.start()
+            return self.on_event(role, f"procs {old} died ({cause}); respawned as {self.pids[role]}")
         if role == "reference":
             self.reference = self.mesh.replace(role, Reference, self._reference_spec, old)
             self.info[role] = list(wait(self.reference.ready.call()).values())
@@ -113,6 +117,7 @@ class Supervised:
         spec = self._generator_spec
         self.generator = self.mesh.replace("generator", Generator, spec, old, procs=self.generator_procs)
         self.info["generator"] = list(wait(self.generator.ready.call()).values())
+        self.envs.attach_generator()
         # The /dev/shm names were dropped once the first generators mapped them: a new one reads over RDMA.
         self._attach_generators("rdma" if self.transport == "shm" else self.transport)
         try:

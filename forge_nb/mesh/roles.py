@@ -19,6 +19,7 @@ from monarch.actor import Future
 from tqdm.auto import tqdm
 
 from forge_nb.actors.base import ActorInfo
+from forge_nb.actors.env import EnvSpec
 from forge_nb.actors.generator import Generation, Generator, GeneratorSpec
 from forge_nb.actors.reference import Reference, ReferenceSpec
 from forge_nb.actors.reward import RewardSpec, RewardWorker
@@ -32,6 +33,7 @@ from forge_nb.mesh import supervision
 from forge_nb.mesh.calls import shards, wait
 from forge_nb.mesh.checker import ROLE as CHECKER
 from forge_nb.mesh.checker import Checker
+from forge_nb.mesh.envs import EnvPool
 from forge_nb.mesh.judges import JudgePool
 from forge_nb.mesh.local import LocalMesh
 from forge_nb.mesh.recovery import Supervised, cause_of
@@ -133,6 +135,7 @@ class Roles(Supervised):
             self.reference = mesh.spawn("reference", Reference, self._reference_spec)
         self.checker = Checker(mesh, 1, self._checker_replaced)
         self.judges = JudgePool(self, config)  # judge actors, started when a reward first asks one
+        self.envs = EnvPool(self, EnvSpec.from_config(config), m.reward_procs, config.agent.timeout_s)
 
     def stop(self) -> list[str]:
         """Stop every proc (and the Slurm job) -> errors, if any."""

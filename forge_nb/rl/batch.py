@@ -53,15 +53,18 @@ class TrainBatch:
     logprobs: list[list[float]]
     advantages: list[float]
     ref_logprobs: list[list[float]] | None = None
+    policy_masks: list[list[int]] | None = None  # multi-turn: 1 on the policy's own completion tokens
 
     @classmethod
     def of(cls, episodes: Sequence[Episode], with_reference: bool = False) -> TrainBatch:
+        multi_turn = any(e.completion_mask is not None for e in episodes)
         return cls(
             [e.prompt_ids for e in episodes],
             [e.completion_ids for e in episodes],
             [e.logprobs for e in episodes],
             [e.advantage for e in episodes],
             [e.ref_logprobs for e in episodes] if with_reference else None,
+            [e.completion_mask or [1] * e.num_tokens for e in episodes] if multi_turn else None,
         )
 
     def __len__(self) -> int:
@@ -70,7 +73,13 @@ class TrainBatch:
     def collate(self, pad_id: int) -> PrefixBatch:
         """Tensors for the trainer, each distinct prompt once (`rl.prefix_batch`)."""
         return collate_prefix(
-            self.prompt_ids, self.completion_ids, pad_id, self.logprobs, self.advantages, self.ref_logprobs
+            self.prompt_ids,
+            self.completion_ids,
+            pad_id,
+            self.logprobs,
+            self.advantages,
+            self.ref_logprobs,
+            self.policy_masks,
         )
 
 

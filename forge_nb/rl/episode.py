@@ -35,6 +35,17 @@ class Episode:
     reward_error: str | None = None  # why the live reward failed on this sample (then it is not trained on)
     ref_logprobs: list[float] | None = None  # the frozen reference model's logprobs of completion_ids, if one runs
     extras: dict = field(default_factory=dict)
+    # A multi-turn trajectory (`agents`): completion_ids are every token after the first prompt, and
+    # completion_mask is 1 on the policy's own tokens, 0 on tool results, environment messages and
+    # template glue (None: a single completion, every token the policy's). `turns`: one dict per model
+    # call (text, tokens, reward, tool calls and errors, policy version) for tables and the explorer.
+    completion_mask: list[int] | None = None
+    turns: list[dict] | None = None
+
+    @property
+    def trained_tokens(self) -> int:
+        """Tokens the loss sees: the policy's own."""
+        return len(self.completion_ids) if self.completion_mask is None else sum(self.completion_mask)
 
     @property
     def num_tokens(self) -> int:
@@ -45,6 +56,13 @@ class Episode:
         out = asdict(self)
         for key in ("prompt_ids", "completion_ids", "logprobs", "ref_logprobs", "rewards", "extras"):
             out.pop(key)
+        out.pop("completion_mask")
+        turns = out.pop("turns")
         out["num_tokens"] = self.num_tokens
+        if turns is not None:
+            out["turns"] = len(turns)
+            out["tool_calls"] = sum(t["tool_calls"] for t in turns)
+            out["tool_errors"] = sum(t["tool_errors"] for t in turns)
+            out["trained_tokens"] = self.trained_tokens
         out.update({f"reward/{k}": v for k, v in self.rewards.items()})
         return out

@@ -30,6 +30,14 @@ class PrefixBatch:
     old_logprobs: torch.Tensor  # [B, Lc] float, behaviour-policy logprobs (0 outside the mask)
     advantages: torch.Tensor  # [B] float, one per sequence
     ref_logprobs: torch.Tensor | None = None  # [B, Lc] float, reference-model logprobs (when a reference runs)
+    # [B, Lc] float, 1 on the policy's own tokens of a multi-turn completion (tool results, environment
+    # messages and template glue: 0); None: every completion token is the policy's.
+    policy_mask: torch.Tensor | None = None
+
+    @property
+    def loss_mask(self) -> torch.Tensor:
+        """[B, Lc]: the tokens the loss and its statistics see (the model attends to every real token)."""
+        return self.completion_mask if self.policy_mask is None else self.completion_mask * self.policy_mask
 
     def select(self, rows: torch.Tensor) -> PrefixBatch:
         """The completions at `rows` ([K] long) and only the prompts they continue."""
@@ -58,9 +66,10 @@ def collate_prefix(
     old_logprobs: list[list[float]] | None = None,
     advantages: list[float] | None = None,
     ref_logprobs: list[list[float]] | None = None,
+    policy_masks: list[list[int]] | None = None,
 ) -> PrefixBatch:
     """B (prompt, completion) pairs -> a `PrefixBatch` with each distinct prompt once (missing
-    logprobs / advantages are 0; `ref_logprobs` stays None unless given)."""
+    logprobs / advantages are 0; `ref_logprobs` and `policy_masks` stay None unless given)."""
     index: dict[tuple[int, ...], int] = {}
     prompt_of = torch.tensor([index.setdefault(tuple(p), len(index)) for p in prompt_ids])
     prompts = list(index)
@@ -83,6 +92,7 @@ def collate_prefix(
         _per_token(where, old_logprobs, sizes),
         torch.tensor(advantages, dtype=torch.float32),
         _per_token(where, ref_logprobs, sizes) if ref_logprobs is not None else None,
+        _per_token(where, policy_masks, sizes) if policy_masks is not None else None,
     )
 
 

@@ -76,7 +76,7 @@ def policy_update(
     if skip_zero_advantage and not bool((batch.advantages != 0).any()):
         return _zero_gradient_step(model, optimizer, batch), batch.old_logprobs
     logprobs, ran = _logprobs(model, batch, temperature, skip_zero_advantage)  # [B, T], [B] bool
-    mask = batch.completion_mask
+    mask = batch.loss_mask  # the policy's own tokens (multi-turn: not tool results or environment messages)
     extra = {"ref_logprobs": batch.ref_logprobs} if batch.ref_logprobs is not None and takes_ref(loss_fn) else {}
     loss = check_loss(loss_fn(logprobs, batch.old_logprobs, batch.advantages, mask, **extra))
     optimizer.zero_grad(set_to_none=True)
@@ -99,7 +99,7 @@ def policy_update(
             # k1 estimate of KL(behaviour || current) on the batch's own tokens.
             "approx_kl": masked_mean(-log_ratio, mask).item(),
             "max_abs_logprob_diff": log_ratio.abs().max().item(),
-            "tokens": int(batch.completion_mask.sum().item()),
+            "tokens": int(batch.loss_mask.sum().item()),
             "rows_skipped": int((~ran).sum().item()),
         }, logprobs.detach()
 
@@ -113,7 +113,7 @@ def _zero_gradient_step(model: nn.Module, optimizer: torch.optim.Optimizer, batc
             p.grad = torch.zeros_like(p)
     optimizer.step()
     rows = int(batch.advantages.numel())
-    tokens = int(batch.completion_mask.sum().item())
+    tokens = int(batch.loss_mask.sum().item())
     stats = {"loss": 0.0, "grad_norm": 0.0, "approx_kl": 0.0, "max_abs_logprob_diff": 0.0}
     return {**stats, "tokens": tokens, "rows_skipped": rows}
 

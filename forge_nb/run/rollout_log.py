@@ -49,6 +49,8 @@ SCHEMA = {
     "logprobs": pa.list_(_FLOAT),
     "trainer_logprobs": pa.list_(_FLOAT),
     "extras": _TEXT,
+    "completion_mask": pa.list_(_INT),  # multi-turn: 1 on the policy's tokens (None: every token)
+    "turns": _TEXT,  # multi-turn: JSON list, one object per model call (text, tokens, reward, tool calls)
 }
 COLUMNS = list(SCHEMA)
 
@@ -167,6 +169,8 @@ def _row(e: Episode, batch: Batch) -> dict:
         "logprobs": e.logprobs,
         "trainer_logprobs": batch.trainer_logprobs.get(e.sample_id),
         "extras": json.dumps(e.extras, default=str) if e.extras else None,
+        "completion_mask": e.completion_mask,
+        "turns": json.dumps(e.turns) if e.turns is not None else None,
     }
     row.update({f"reward/{name}": value for name, value in e.rewards.items()})
     return row

@@ -1,0 +1,95 @@
+"""Agents on the real SmolLM2-135M-Instruct through the session: a two-turn tool trajectory end to end
+(rollout, train, sync) on both engines, trained only on the policy's tokens, trainer and generator agreeing
+on them; environments (ours and TextArena's, unchanged); bad rollouts refused with the previous one live."""
+
+import pytest
+
+import forge_nb
+from forge_nb.agents.adapters.textarena import TextArenaEnv
+from forge_nb.agents.tasks.calculator import calculator, calculator_problems
+from forge_nb.agents.tasks.guess_number import GuessTheNumber
+from forge_nb.live.capture import LiveCodeError
+from tests.conftest import wait_no_children
+
+pytestmark = pytest.mark.slow
+
+OPTIONS = dict(prompts_per_step=2, group_size=2, max_tokens=12, max_turns=3, max_total_tokens=600, threads_per_proc=1)
+
+
+async def two_turns(client, row, **context):
+    """The model answers; the calculator checks a sum (in the env procs); the model answers again.
+    The reward differs within a group, so every trajectory trains."""
+    messages = list(row["prompt"])
+    first = await client.chat.completions.create(messages=messages)
+    result = await context["tools"].call("calculator", {"expression": "6*7"}, "check-0")
+    messages += [first.choices[0].message, {"role": "user", "content": f"The calculator says 6*7 = {result.content}."}]
+    await client.chat.completions.create(messages=messages)
+    return float(context["sample"])
+
+
+@pytest.fixture(scope="module", params=["torch", "vllm"])
+def s(request):
+    session = forge_nb.up(model="smollm2-135m-instruct", task=calculator_problems(24), engine=request.param, **OPTIONS)
+    yield session
+    session.down()
+    assert wait_no_children() == []
+
+
+def test_a_two_turn_tool_trajectory_trains_on_the_policy_tokens_only(s):
+    version = s.set_rollout(two_turns, tools=[calculator])
+    r = s.rollout()
+    assert [e.turns and len(e.turns) for e in r.episodes] == [2, 2, 2, 2]
+    for e in r.episodes:
+        generated = sum(t["completion_tokens"] for t in e.turns)
+        assert e.trained_tokens == generated < len(e.completion_ids)  # the second prompt's tokens are masked
+        assert sum(e.completion_mask[: e.turns[0]["completion_tokens"]]) == e.turns[0]["completion_tokens"]
+    assert [e.reward for e in r.episodes] == [0.0, 1.0, 0.0, 1.0] and all(e.advantage != 0 for e in r.episodes)
+    m = s.train(r)
+    assert m["tokens"] == sum(e.trained_tokens for e in r.episodes) and m["rows_skipped"] == 0
+    assert s.sync()["version"] == s.trainer_version == 1
+    assert s.versions("rollout").version.tolist()[-1] == version
+
+
+def test_the_trainer_scores_the_policy_tokens_as_the_generator_sampled_them(s):
+    if s.config.engine_name() == "vllm":
+        pytest.skip("vLLM's CPU build runs its own kernels: compared on the torch engine")
+    s.set_rollout(two_turns, tools=[calculator])
+    r = s.rollout()
+    logged = s.train(r)  # the trainer's logprobs of every completion token, before its step
+    steps = s.samples(step=s.step_count)
+    assert logged["rows_skipped"] == 0 and len(steps) == len(r.episodes)
+    for e, row in zip(r.episodes, steps.itertuples()):
+        policy = [i for i, m in enumerate(e.completion_mask) if m]
+        diffs = [abs(row.trainer_logprobs[i] - e.logprobs[i]) for i in policy]
+        assert max(diffs) < 1e-3
+
+
+def test_environments_run_ours_and_textarenas_unchanged(s):
+    s.set_env(GuessTheNumber)
+    r = s.rollout()
+    assert all(1 <= len(e.turns) <= 3 for e in r.episodes)
+    assert all(e.rewards.get("rollout", 0.0) in (0.0, 1.0) for e in r.episodes)
+    s.set_env(TextArenaEnv)  # the package's own GuessTheNumber, through its adapter
+    r = s.rollout()
+    assert all(e.turns and e.reward_error is None for e in r.episodes)
+    s.train(r)
+    s.sync()
+
+
+def test_a_bad_rollout_is_refused_and_the_live_one_stays(s):
+    live = s.set_rollout(two_turns, tools=[calculator])
+
+    async def broken(client, row, **context):
+        await client.chat.completions.create(messages=list(row["prompt"]))
+        raise ZeroDivisionError("on purpose")
+
+    def not_async(client, row, **context):
+        return 1.0
+
+    with pytest.raises(LiveCodeError, match=r"rollout v\d+ .*turn 1: ZeroDivisionError: on purpose.*stays live"):
+        s.set_rollout(broken)
+    with pytest.raises(LiveCodeError, match="async def rollout"):
+        s.set_rollout(not_async)
+    assert s.registry.live("rollout").version == live
+    assert s.set_rollout(version=0) == 0  # back to one completion per sample
+    assert s.rollout().episodes[0].turns is None
