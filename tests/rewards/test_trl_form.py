@@ -6,6 +6,7 @@ import math
 from forge_nb.live.validate import score_members, validate_reward
 from forge_nb.rewards import Ensemble, agreement, judge
 from forge_nb.rewards.batch import RewardBatch, RewardSample, Scores
+from forge_nb.rewards.forms import is_batched
 from forge_nb.rewards.judge import render
 from forge_nb.rewards.trl_form import PROMPT_AS_GIVEN, TrainerState
 
@@ -89,3 +90,13 @@ def test_forge_nb_batched_rewards_read_the_text_of_messages():
     votes = ensemble.votes(**{k: v for k, v in columns.items()})
     assert votes[:, 1].tolist() == [1.0, 0.0]
     assert judge().template  # built without a model running: the judge renders the same way
+
+
+def test_a_reward_of_completion_ids_only_is_batched_as_trl_calls_it():
+    def repetition(completion_ids, **kwargs):
+        return [-float(len(ids) != len(set(ids))) for ids in completion_ids]
+
+    assert is_batched(repetition)
+    components, errors = {"r": [None, None]}, {}
+    score_members({"r": repetition}, _batch({"ids": 1}), components, errors)
+    assert errors == {} and components["r"] == [0.0, 0.0]
