@@ -25,13 +25,14 @@ ROWS = [
 
 
 def trl_reward_funcs() -> list:
-    """Every reward function TRL ships for GRPO."""
+    """Every reward function TRL ships for GRPO (`trl.rewards`)."""
     return [
         trl_rewards.accuracy_reward,
         trl_rewards.think_format_reward,
         trl_rewards.get_repetition_penalty_reward(ngram_size=2, max_penalty=-1.0),
         trl_rewards.get_soft_overlong_punishment(max_completion_len=MAX_TOKENS, soft_punish_cache=8),
         trl_rewards.reasoning_accuracy_reward,
+        trl_rewards.get_cosine_scaled_reward(max_len=MAX_TOKENS),
     ]
 
 
@@ -58,21 +59,22 @@ def test_trl_rewards_run_unchanged_and_score_as_trl_does(smollm2):
     a = s.config.algorithm
     assert (a.prompts_per_step, a.group_size, a.lr, s.config.engine.max_tokens) == (2, 2, 1e-5, MAX_TOKENS)
     s.rollout()  # recent samples for the rewards below to be validated on
-    set_reward_funcs(s, trl_reward_funcs(), [1.0, 0.5, 1.0, 1.0, 0.5])
+    weights = [1.0, 0.5, 1.0, 1.0, 0.5, 0.25]
+    set_reward_funcs(s, trl_reward_funcs(), weights)
     r = s.rollout()
     assert len(r.episodes) == 4 and all(e.reward_error is None for e in r.episodes)
     completions = [[{"role": "assistant", "content": e.completion}] for e in r.episodes]
     solutions = [e.extras["solution"] for e in r.episodes]
     ids = [e.completion_ids for e in r.episodes]
     names = ["accuracy_reward", "think_format_reward", "repetition_penalty_reward"]
-    names += ["soft_overlong_punishment_reward", "reasoning_accuracy_reward"]
+    names += ["soft_overlong_punishment_reward", "reasoning_accuracy_reward", "cosine_scaled_reward"]
     for name, fn in zip(names, trl_reward_funcs()):
         expected = fn(completions=completions, solution=solutions, completion_ids=ids)
         got = [e.rewards.get(name) for e in r.episodes]  # None: TRL's "no score for this sample"
         assert [g is None for g in got] == [x is None for x in expected], name
         assert [g for g in got if g is not None] == pytest.approx([x for x in expected if x is not None]), name
     assert None in trl_rewards.accuracy_reward(completions, solutions)  # the seeded batch has unparseable rows
-    weights = dict(zip(names, [1.0, 0.5, 1.0, 1.0, 0.5]))
+    weights = dict(zip(names, weights))
     for e in r.episodes:  # the reward is the weighted sum of the scores there are, as TRL's nansum
         assert set(e.rewards) <= set(names)
         assert e.reward == pytest.approx(sum(weights[n] * v for n, v in e.rewards.items()))
