@@ -10,6 +10,9 @@ and one list per context column under that column's name (``step``, ``policy_ver
 None for a sample it gives no score. A model judge
 scores a whole batch in a few forward passes; a weak-verifier ensemble fits over the whole batch.
 
+Either may be an ``async def`` (as TRL allows): it is run to completion where it is called
+(`live.capture.synchronous`).
+
 Both forms get only the keywords they name, or every one with ``**kwargs``. A per-sample reward that
 names any of ``prompt``, ``completion``, ``target`` gets those by name as well, so it takes only what it
 uses (``def brief(completion)``); one that names none of them (``def r(p, c, t)``) gets the three

@@ -3,6 +3,7 @@ completion_ids, every column by name, trainer_state, and None meaning "no score 
 
 import math
 
+from forge_nb.live.capture import compile_function, from_source
 from forge_nb.live.validate import score_members, validate_reward
 from forge_nb.rewards import Ensemble, agreement, judge
 from forge_nb.rewards.batch import RewardBatch, RewardSample, Scores
@@ -100,3 +101,18 @@ def test_a_reward_of_completion_ids_only_is_batched_as_trl_calls_it():
     components, errors = {"r": [None, None]}, {}
     score_members({"r": repetition}, _batch({"ids": 1}), components, errors)
     assert errors == {} and components["r"] == [0.0, 0.0]
+
+
+def test_an_async_reward_as_trl_allows_is_run_to_completion_where_it_is_compiled():
+    source = (
+        "import asyncio\n\n\n"
+        "async def judged(prompts, completions, **kwargs):\n"
+        "    await asyncio.sleep(0)\n"
+        "    return [float(c[0]['content'] == 'It is 4') for c in completions]\n"
+    )
+    fn = compile_function(from_source("reward", source))
+    assert is_batched(fn)
+    components, errors = {"r": [None, None]}, {}
+    score_members({"r": fn}, _batch(), components, errors)
+    assert errors == {} and components["r"] == [1.0, 0.0]
+    assert validate_reward(fn, list(_batch().samples()), 1.0) == [1.0, 0.0]
