@@ -1,5 +1,7 @@
 """The step's order and bookkeeping, on stand-in roles (the real ones are tested on a mesh)."""
 
+from types import SimpleNamespace
+
 from forge_nb import step
 from forge_nb.actors.generator import Generation
 from forge_nb.actors.trainer import TrainResult
@@ -21,6 +23,7 @@ class _Roles:
 
     def __init__(self, state: RunState) -> None:
         self.state, self.calls = state, []
+        self.envs = SimpleNamespace(live=None)  # no agent rollout: one completion per sample
 
     def generate(self, ids, sampling):
         self.calls.append("generate")

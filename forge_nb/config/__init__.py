@@ -1,7 +1,8 @@
 """Configuration as data: dataclasses with defaults that run, filled from kwargs, dicts or YAML.
 
 Every field can be given by its section (``algorithm={"lr": 1e-4}``), by a dotted name
-(``{"algorithm.lr": 1e-4}``) or, when the name is unique, bare (``lr=1e-4``). Unknown names and
+(``{"algorithm.lr": 1e-4}``), when the name is unique, bare (``lr=1e-4``), or by its name in TRL's
+GRPOConfig (``learning_rate=1e-4``; `config.trl_names`). Unknown names and
 invalid values raise `ConfigError` naming the field.
 """
 
@@ -31,6 +32,7 @@ from forge_nb.config.sections import (
     TaskConfig,
     WeightsConfig,
 )
+from forge_nb.config.trl_names import TRLConfigWarning, from_trl
 
 __all__ = [
     "TASK_NAMES",
@@ -46,6 +48,7 @@ __all__ = [
     "MeshConfig",
     "ModelConfig",
     "SlurmConfig",
+    "TRLConfigWarning",
     "TaskConfig",
     "WeightsConfig",
     "parse_overrides",
@@ -97,9 +100,10 @@ class Config:
         return cls.from_dict(yaml.safe_load(Path(path).read_text()) or {})
 
     def updated(self, values: dict[str, Any]) -> Config:
-        """A copy with `values` applied (section dicts, dotted or unique bare names), validated."""
+        """A copy with `values` applied (section dicts, dotted or unique bare names, TRL's GRPOConfig
+        names: `config.trl_names`), validated."""
         new = dataclasses.replace(self, **{s: dataclasses.replace(getattr(self, s)) for s in _SECTIONS})
-        for key, value in values.items():
+        for key, value in from_trl(values, _is_field).items():
             if key in _SECTIONS and isinstance(value, dict):
                 for sub, v in value.items():
                     _set(new, f"{key}.{sub}", v)
@@ -130,6 +134,12 @@ _MAIN_FIELD = {"model": "path", "engine": "name", "task": "name"}
 
 def _fields(section: str) -> dict[str, dataclasses.Field]:
     return {f.name: f for f in dataclasses.fields(Config.__dataclass_fields__[section].default_factory)}
+
+
+def _is_field(key: str) -> bool:
+    """Whether forge_nb takes `key` itself: a section, a dotted field or a bare field name."""
+    bare = [f"{s}.{key}" for s in _SECTIONS]
+    return key in _SECTIONS or key in _all_names() or any(name in _all_names() for name in bare)
 
 
 def _all_names() -> list[str]:

@@ -144,6 +144,7 @@ class AlgorithmConfig:
     overlong_cache: int = 0  # DAPO soft overlong penalty over the last this-many tokens of engine.max_tokens (0: off)
     max_grad_norm: float = 1.0
     kl_coef: float = 0.0  # beta of the k3 KL to the initial policy; > 0 starts a frozen reference-model actor
+    reward_weights: list[float] = field(default_factory=list)  # TRL's: weights for rewards.set_reward_funcs
 
     def validate(self) -> None:
         _at_least("algorithm.prompts_per_step", self.prompts_per_step, 1)
@@ -157,6 +158,10 @@ class AlgorithmConfig:
         _at_least("algorithm.rho_max", self.rho_max, 1.0)
         _at_least("algorithm.overlong_cache", self.overlong_cache, 0)
         _at_least("algorithm.kl_coef", self.kl_coef, 0.0)
+        if not isinstance(self.reward_weights, list) or not all(
+            isinstance(w, int | float) and not isinstance(w, bool) for w in self.reward_weights
+        ):
+            raise ConfigError(f"algorithm.reward_weights must be a list of numbers, got {self.reward_weights!r}")
         if not self.max_grad_norm > 0:
             raise ConfigError(f"algorithm.max_grad_norm must be > 0, got {self.max_grad_norm}")
 

@@ -11,8 +11,11 @@ the names it reads.
 from __future__ import annotations
 
 import ast
+import asyncio
 import builtins
+import functools
 import importlib
+import inspect
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -99,7 +102,22 @@ def compile_function(code: LiveCode) -> Callable:
     fn = namespace.get(code.name)
     if not callable(fn):
         raise LiveCodeError(f"{code.kind} ({code.origin}): {code.name!r} is not a function after running the cell")
-    return fn
+    return synchronous(fn) if code.kind == "reward" else fn  # an async def reward runs to completion
+
+
+def synchronous(fn: Callable) -> Callable:
+    """`fn` itself, or for an ``async def`` function or ``__call__`` (TRL accepts async rewards) a
+    function with its signature that runs it to completion in an event loop of its own (rewards run in
+    worker threads, which have none)."""
+    call = fn if inspect.isfunction(fn) or inspect.ismethod(fn) else type(fn).__call__
+    if not inspect.iscoroutinefunction(call):
+        return fn
+
+    @functools.wraps(fn)
+    def run(*args, **kwargs):
+        return asyncio.run(fn(*args, **kwargs))
+
+    return run
 
 
 def _imports_forge_nb(node: ast.Import | ast.ImportFrom) -> bool:

@@ -103,7 +103,7 @@ def batch_values(values: Any, size: int) -> list:
     out: list = []
     for value in values:
         try:
-            out.append(check_reward_value(value))
+            out.append(None if value is None else check_reward_value(value))  # None: no score (TRL's convention)
         except CheckFailed as e:
             out.append(e)
     return out

@@ -3,9 +3,9 @@
 A reward is ``reward(prompt, completion, target, **context) -> float``; `context` carries the
 training state of the sample (step, policy version, sample id, prompt id) and the dataset's other
 columns. `prompt` is the prompt as the model saw it (chat template applied). A batched reward
-(`rewards.forms`) gets the same as columns: ``reward(prompts, completions, targets, **columns)``.
-Batches travel to the reward actors as columns (`RewardBatch`), far cheaper to send than one object
-per sample.
+(`rewards.forms`) gets the batch as columns, as TRL's GRPOTrainer passes them (`rewards.trl_form`):
+``reward(prompts, completions, completion_ids, targets, **columns)``. Batches travel to the reward
+actors as columns (`RewardBatch`), far cheaper to send than one object per sample.
 """
 
 from __future__ import annotations
@@ -13,18 +13,23 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
+from forge_nb.rewards.trl_form import PROMPT_AS_GIVEN, batched_keywords, prompt_as_given
 from forge_nb.rewards.verdicts import JudgeStats
 from forge_nb.rl.episode import Episode
 
 
 @dataclass(frozen=True)
 class RewardSample:
-    """One sample a reward is called on: ``reward(prompt, completion, target, **context)``."""
+    """One sample a reward is called on: ``reward(prompt, completion, target, **context)``.
+    A batched reward also gets `completion_ids` and `prompt_given` (the prompt as the dataset gave it:
+    chat messages or text; None: `prompt`)."""
 
     prompt: str
     completion: str
     target: str
     context: dict
+    completion_ids: list[int] = field(default_factory=list)
+    prompt_given: str | list | None = None
 
 
 @dataclass(frozen=True)
@@ -39,6 +44,7 @@ class RewardBatch:
     prompt_ids: list[str]
     extras: list[dict]
     step: int
+    completion_ids: list[list[int]] | None = None  # per sample; None: not known (scored as empty)
 
     def __len__(self) -> int:
         return len(self.prompts)
@@ -53,46 +59,50 @@ class RewardBatch:
             self.prompt_ids,
             self.extras,
         )
-        return RewardBatch(*(c[part] for c in columns), step=self.step)
+        ids = None if self.completion_ids is None else self.completion_ids[part]
+        return RewardBatch(*(c[part] for c in columns), step=self.step, completion_ids=ids)
+
+    def _ids(self, i: int) -> list[int]:
+        return [] if self.completion_ids is None else self.completion_ids[i]
 
     def samples(self) -> Iterator[RewardSample]:
         for i in range(len(self)):
             context = {
-                **self.extras[i],
+                **{k: v for k, v in self.extras[i].items() if k != PROMPT_AS_GIVEN},
                 "step": self.step,
                 "policy_version": self.policy_versions[i],
                 "sample_id": self.sample_ids[i],
                 "prompt_id": self.prompt_ids[i],
             }
-            yield RewardSample(self.prompts[i], self.completions[i], self.targets[i], context)
+            given = self.extras[i].get(PROMPT_AS_GIVEN)
+            yield RewardSample(self.prompts[i], self.completions[i], self.targets[i], context, self._ids(i), given)
 
     def columns(self) -> dict[str, list]:
-        """The keywords of a batched reward: prompts, completions, targets and one list per context
-        column (a dataset column missing from some rows is None there)."""
+        """The keywords of a batched reward (`trl_form.batched_keywords`): TRL's, then targets and
+        one list per context column (a dataset column missing from some rows is None there)."""
         n = len(self)
-        keys = dict.fromkeys(k for row in self.extras for k in row)
-        extras = {key: [row.get(key) for row in self.extras] for key in keys}
-        return {
-            **extras,
-            "prompts": self.prompts,
-            "completions": self.completions,
-            "targets": self.targets,
-            "step": [self.step] * n,
-            "policy_version": self.policy_versions,
-            "sample_id": self.sample_ids,
-            "prompt_id": self.prompt_ids,
-        }
+        contexts = [
+            {**self.extras[i], "step": self.step, "policy_version": self.policy_versions[i],
+             "sample_id": self.sample_ids[i], "prompt_id": self.prompt_ids[i]}
+            for i in range(n)
+        ]  # fmt: skip
+        prompts = [prompt_as_given(p, e) for p, e in zip(self.prompts, self.extras)]
+        ids = [self._ids(i) for i in range(n)]
+        return batched_keywords(prompts, self.completions, ids, self.targets, contexts, self.step)
 
 
 def columns_of(samples: Sequence[RewardSample]) -> dict[str, list]:
     """`RewardBatch.columns` for samples already expanded (the probe batches live code is checked on)."""
-    keys = dict.fromkeys(k for s in samples for k in s.context)
-    return {
-        **{key: [s.context.get(key) for s in samples] for key in keys},
-        "prompts": [s.prompt for s in samples],
-        "completions": [s.completion for s in samples],
-        "targets": [s.target for s in samples],
-    }
+    prompts = [s.prompt if s.prompt_given is None else s.prompt_given for s in samples]
+    step = next((s.context["step"] for s in samples if "step" in s.context), 0)
+    return batched_keywords(
+        prompts,
+        [s.completion for s in samples],
+        [list(s.completion_ids) for s in samples],
+        [s.target for s in samples],
+        [s.context for s in samples],
+        step,
+    )
 
 
 def reward_batch(episodes: Sequence[Episode], step: int) -> RewardBatch:
@@ -106,6 +116,7 @@ def reward_batch(episodes: Sequence[Episode], step: int) -> RewardBatch:
         [e.prompt_id for e in episodes],
         [e.extras for e in episodes],
         step,
+        [e.completion_ids for e in episodes],
     )
 
 
@@ -131,10 +142,15 @@ class Scores:
     def combine(
         cls, components: dict[str, list[float | None]], weights: dict[str, float], errors: dict[int, str], version: int
     ) -> Scores:
-        """Weighted sums of the members' scores; a sample that any member failed on has none."""
+        """Weighted sums of the members' scores; a sample that any member failed on has none. A member
+        that gave a sample no score (None, TRL's "does not apply here") adds nothing to its sum."""
         size = len(next(iter(components.values()))) if components else 0
         rewards = [
-            None if i in errors else sum(weights[n] * components[n][i] for n in components if weights[n] != 0)
+            None
+            if i in errors
+            else sum(
+                weights[n] * components[n][i] for n in components if weights[n] != 0 and components[n][i] is not None
+            )
             for i in range(size)
         ]
         return cls(rewards, errors, version, components)

@@ -26,6 +26,7 @@ import pandas as pd
 
 from forge_nb.rewards import weaver
 from forge_nb.rewards.forms import is_batched, keywords_for
+from forge_nb.rewards.prompt_text import as_text
 
 _RUNTIME = ("_history", "_fit", "_same")  # what a proc learns while scoring; never travels with the reward
 
@@ -67,8 +68,13 @@ class Ensemble:
 
     def votes(self, prompts: list[str], completions: list[str], **columns: list) -> np.ndarray:
         """Every verifier's vote on every sample -> [N, K]: 1, 0, a grade in between, or NaN (abstains)."""
-        columns.pop("targets", None)
-        columns = {**columns, "prompts": prompts, "completions": completions}
+        # per-sample columns only (not TRL's trainer_state, log_extra, ...), the texts of chat messages
+        columns = {k: v for k, v in columns.items() if k != "targets" and isinstance(v, list | tuple)}
+        columns = {
+            **columns,
+            "prompts": [as_text(p) for p in prompts],
+            "completions": [as_text(c) for c in completions],
+        }
         out = np.full((len(completions), len(self.verifiers)), np.nan)
         for k, verifier in enumerate(self.verifiers):
             out[:, k] = [_vote(v) for v in _call(verifier, columns)]

@@ -2,11 +2,16 @@
 
 Per sample: ``reward(prompt, completion, target, **context) -> float``, called once per sample.
 
-Batched (TRL's form): any function with a parameter called ``completions``. It is called once per
-batch with the batch's columns as keywords -- ``prompts``, ``completions``, ``targets``, and one list
-per context column under that column's name (``step``, ``policy_version``, ``sample_id``,
-``prompt_id`` and the dataset's own columns) -- and returns one float per sample. A model judge
+Batched (TRL's form): any function with a parameter called ``completions`` or ``completion_ids``. It
+is called once per batch with the batch's columns as keywords, as TRL's GRPOTrainer calls a reward
+(`rewards.trl_form`) -- ``prompts``, ``completions``, ``completion_ids``, ``trainer_state``, ``targets``,
+and one list per context column under that column's name (``step``, ``policy_version``,
+``sample_id``, ``prompt_id`` and the dataset's own columns) -- and returns one float per sample, or
+None for a sample it gives no score. A model judge
 scores a whole batch in a few forward passes; a weak-verifier ensemble fits over the whole batch.
+
+Either may be an ``async def`` (as TRL allows): it is run to completion where it is called
+(`live.capture.synchronous`).
 
 Both forms get only the keywords they name, or every one with ``**kwargs``. A per-sample reward that
 names any of ``prompt``, ``completion``, ``target`` gets those by name as well, so it takes only what it
@@ -19,7 +24,8 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable
 
-BATCHED_MARK = "completions"
+#: A parameter with one of these names makes a reward batched (TRL's rewards take one or the other).
+BATCHED_MARKS = ("completions", "completion_ids")
 
 
 def parameters(fn: Callable) -> list[inspect.Parameter] | None:
@@ -31,9 +37,10 @@ def parameters(fn: Callable) -> list[inspect.Parameter] | None:
 
 
 def is_batched(fn: Callable) -> bool:
-    """Whether `fn` takes the batch's columns at once (it has a parameter called ``completions``)."""
+    """Whether `fn` takes the batch's columns at once (it has a parameter called ``completions`` or
+    ``completion_ids``)."""
     params = parameters(fn)
-    return params is not None and any(p.name == BATCHED_MARK for p in params)
+    return params is not None and any(p.name in BATCHED_MARKS for p in params)
 
 
 SAMPLE_FIELDS = ("prompt", "completion", "target")

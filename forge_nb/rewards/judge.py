@@ -31,7 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import forge_nb.rewards.judge_client as judge_client
-from forge_nb.rewards.prompt_text import question_of
+from forge_nb.rewards.prompt_text import as_text, question_of
 from forge_nb.rewards.verdicts import JudgeRequest
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
@@ -102,6 +102,8 @@ def template_fields(template: str) -> list[str]:
 def render(template: str, columns: dict[str, list]) -> list[str]:
     """The judge's user message for every sample: `template` filled from the batch's `columns`."""
     named = {_SINGULAR.get(k, k): v for k, v in columns.items()}
+    for key in ("prompt", "completion"):  # chat messages (TRL's conversational form) -> their text
+        named[key] = [as_text(x) for x in named.get(key, [])]
     fields = template_fields(template)
     size = len(named["completion"])
     values: dict[str, list] = {}

@@ -3,12 +3,17 @@
 Rewards get the prompt with the chat template applied (system prompt, role markers); a judge or a
 verifier wants the user's question. `question_of` takes the last user turn of the common chat
 templates (ChatML as SmolLM2 and Qwen write it, Llama 3, Gemma), or the prompt itself.
+
+A batched reward gets prompts and completions as TRL gives them (`rewards.trl_form`): chat
+messages for a conversational dataset. `as_text` turns either form into text for the rewards here
+that read text (the judge, the verifiers).
 """
 
 from __future__ import annotations
 
 import re
 from functools import lru_cache
+from typing import Any
 
 _USER_TURNS = (
     re.compile(r"<\|im_start\|>user\n(.*?)<\|im_end\|>", re.DOTALL),  # ChatML
@@ -32,3 +37,13 @@ def question_of(prompt: str) -> str:
 def numbers_in(text: str) -> tuple[float, ...]:
     """The numbers written in `text`, in order ("1,200" is 1200; "3.5" is 3.5)."""
     return tuple(float(n.replace(",", "")) for n in _NUMBER.findall(text))
+
+
+def as_text(prompt_or_completion: Any) -> str:
+    """Text of a prompt or completion as a batched reward gets it: a string as it is; chat messages
+    -> the content of the last user message (a prompt), else of the last message (a completion)."""
+    if isinstance(prompt_or_completion, str):
+        return prompt_or_completion
+    messages = list(prompt_or_completion)
+    users = [m for m in messages if m.get("role") == "user"]
+    return str((users or messages)[-1].get("content", "")) if messages else ""

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from functools import lru_cache
 
 from forge_nb.rewards.answers import extract_answer, to_number
-from forge_nb.rewards.prompt_text import numbers_in, question_of
+from forge_nb.rewards.prompt_text import as_text, numbers_in, question_of
 
 Vote = float | None
 
@@ -146,8 +146,8 @@ def agreement(prompts: list[str], completions: list[str], prompt_id: list | None
     """Self-consistency: 1.0 when a sample's final answer is its prompt's most common one among the
     batch's samples of that prompt (and at least two agree), 0.0 otherwise; None for a prompt
     sampled once."""
-    keys = prompt_id if prompt_id is not None else prompts
-    answers = [_normal_answer(c) for c in completions]
+    keys = prompt_id if prompt_id is not None else [as_text(p) for p in prompts]
+    answers = [_normal_answer(as_text(c)) for c in completions]
     groups: dict = {}
     for key, answer in zip(keys, answers):
         groups.setdefault(key, Counter())[answer] += 1

@@ -16,11 +16,14 @@ from typing import Any
 
 from forge_nb.config import TaskConfig
 from forge_nb.rewards.answers import answer_match
+from forge_nb.rewards.trl_form import PROMPT_AS_GIVEN
 from forge_nb.tasks.base import Problem
 from forge_nb.tasks.data import DataError, load_splits
+from forge_nb.tasks.trl_rows import DROPPED, answer_column_of
 
 #: Column names of `DatasetTask.rows` (what a checkpoint stores), unlike any column of the user's data.
 ROW_PROMPT, ROW_ANSWER, ROW_ID = "_forge_prompt", "_forge_answer", "_forge_prompt_id"
+PRIVATE = (ROW_PROMPT, ROW_ANSWER, ROW_ID)
 
 #: Keywords a reward already receives; a column with one of these names would shadow it.
 RESERVED = ("prompt", "completion", "target", "step", "policy_version", "sample_id", "prompt_id")
@@ -91,35 +94,42 @@ class DatasetTask:
 
 
 def to_problems(rows: list[dict], config: TaskConfig, split: str) -> list[Problem]:
-    """Check every row and make it a `Problem` (prompt, answer, stable id, the other columns as extras)."""
+    """Check every row and make it a `Problem` (prompt, answer, stable id, the other columns as extras).
+
+    As in TRL, every column but the prompt reaches the reward under its own name (the answer column
+    also as `target`), a "completion" column (prompt-completion data) is dropped, and rows may be
+    prompt-only: without the answer column (`trl_rows.answer_column_of`) the target is ""."""
     if not rows:
         raise DataError(f"task: the {split} data has no rows")
-    columns = list(rows[0])
-    for role, name in (("prompt", config.prompt_column), ("answer", config.answer_column)):
-        if name not in columns:
-            raise DataError(
-                f"task: no {role} column {name!r} in the {split} data (columns: {', '.join(columns)}); "
-                f"name yours with task.{role}_column='...'"
-            )
+    columns = [c for c in rows[0] if c not in DROPPED]
+    if config.prompt_column not in columns:
+        raise DataError(
+            f"task: no prompt column {config.prompt_column!r} in the {split} data (columns: {', '.join(columns)}); "
+            "name yours with task.prompt_column='...'"
+        )
+    answer_column = answer_column_of(columns, config.answer_column, split)
     if config.id_column and config.id_column not in columns:
         raise DataError(f"task.id_column: no column {config.id_column!r} (columns: {', '.join(columns)})")
-    used = {config.prompt_column, config.answer_column, config.id_column}
+    used = {config.prompt_column, answer_column, config.id_column}
     clash = [c for c in columns if c not in used and c in RESERVED]
     if clash:
         raise DataError(f"task: column {clash[0]!r} would shadow the reward argument of that name; rename it")
+    hidden = {config.prompt_column, config.id_column, *DROPPED, *(c for c in used if c in RESERVED or c in PRIVATE)}
     problems, seen = [], set()
     for i, row in enumerate(rows):
-        prompt, answer = _prompt(row, i, config.prompt_column, split), row.get(config.answer_column)
+        prompt, answer = _prompt(row, i, config.prompt_column, split), row.get(answer_column, "")
         if not isinstance(answer, str):
             raise DataError(
                 f"task: {split} row {i} has answer {answer!r} ({type(answer).__name__}) in column "
-                f"{config.answer_column!r}; answers must be strings (e.g. df[col] = df[col].astype(str))"
+                f"{answer_column!r}; answers must be strings (e.g. df[col] = df[col].astype(str))"
             )
         prompt_id = str(row[config.id_column]) if config.id_column else _content_id(prompt, seen)
         if prompt_id in seen and config.id_column:
             raise DataError(f"task.id_column: id {prompt_id!r} appears twice ({split} row {i})")
         seen.add(prompt_id)
-        extras = {k: v for k, v in row.items() if k not in used}
+        extras = {k: v for k, v in row.items() if k not in hidden}
+        if not isinstance(prompt, str) or config.prompt_format == "chat":  # the model sees it rendered
+            extras[PROMPT_AS_GIVEN] = prompt
         problems.append(Problem(prompt_id, prompt, answer, extras))
     return problems
 

@@ -40,7 +40,8 @@ def test_a_batched_reward_gets_the_columns_it_names():
 
 def test_with_kwargs_it_gets_every_column():
     def reward(prompts, completions, **columns):
-        assert set(columns) == {"targets", "step", "prompt_id", "level"} and columns["step"] == [3, 3]
+        trl = {"completion_ids", "trainer_state", "log_extra", "log_metric"}  # what TRL's GRPOTrainer passes too
+        assert set(columns) == {"targets", "step", "prompt_id", "level", *trl} and columns["step"] == [3, 3]
         return np.array([0.5, 0.25])  # arrays and tensors count as lists
 
     assert validate_reward(reward, PROBES, 1.0) == [0.5, 0.25]

@@ -47,10 +47,10 @@ def test_hugging_face_dataset_and_dataset_dict_with_a_test_split():
     assert len(task.train) == 8 and [p.target for p in task.held_out] == ["35", "39"]
 
 
-def test_columns_map_and_the_other_columns_become_reward_keywords():
+def test_columns_map_and_every_column_but_the_prompt_becomes_a_reward_keyword():
     task = _task(ROWS)
     problem = next(p for p in task.train if p.prompt == "What is 3 + 4?")
-    assert problem.target == "7" and problem.extras == {"difficulty": 0}
+    assert problem.target == "7" and problem.extras == {"solution": "7", "difficulty": 0}  # as TRL passes them
 
 
 def test_chat_messages_are_kept_as_messages():

@@ -1,0 +1,94 @@
+"""TRL's GRPOConfig names as forge_nb config: aliases, disagreements, and a whole GRPOConfig.to_dict()."""
+
+import warnings
+
+import pytest
+
+from forge_nb.config import Config, ConfigError, TRLConfigWarning
+
+
+def test_trl_names_set_the_forge_nb_fields():
+    c = Config.from_dict(
+        {"num_generations": 4, "max_completion_length": 32, "learning_rate": 1e-5, "beta": 0.04, "epsilon": 0.1,
+         "temperature": 0.7, "top_p": 0.9, "scale_rewards": "none", "reward_weights": [1, 0.5]}
+    )  # fmt: skip
+    a, e = c.algorithm, c.engine
+    assert (a.group_size, e.max_tokens, a.lr, a.kl_coef, a.clip_eps) == (4, 32, 1e-5, 0.04, 0.1)
+    assert (e.temperature, e.top_p, a.normalize_std, a.reward_weights) == (0.7, 0.9, False, [1.0, 0.5])
+
+
+@pytest.mark.parametrize(
+    ("loss_type", "loss", "token_level"),
+    [("grpo", "grpo", False), ("bnpo", "grpo", True), ("dr_grpo", "dr_grpo", False), ("dapo", "dapo", False)],
+)
+def test_each_trl_loss_type_is_the_forge_nb_loss_with_the_same_normalisation(loss_type, loss, token_level):
+    a = Config.from_dict({"loss_type": loss_type}).algorithm
+    assert (a.loss, a.token_level) == (loss, token_level)
+
+
+def test_clip_higher_and_its_none_default():
+    assert Config.from_dict({"loss_type": "dapo", "epsilon": 0.2, "epsilon_high": 0.28}).algorithm.clip_high == 0.28
+    assert Config.from_dict({"loss_type": "dapo", "epsilon": 0.2, "epsilon_high": None}).algorithm.clip_high == 0.2
+
+
+def test_generation_batch_size_over_num_generations_is_prompts_per_step():
+    a = Config.from_dict({"generation_batch_size": 16, "num_generations": 4}).algorithm
+    assert (a.prompts_per_step, a.group_size) == (4, 4)
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"learning_rate": 1e-5, "lr": 1e-4}, r"learning_rate=1e-05 \(TRL's name for algorithm.lr: 1e-05\) disagrees "
+         r"with lr=0.0001"),
+        ({"num_generations": 4, "algorithm": {"group_size": 8}}, r"num_generations=4 .* disagrees with "
+         r"algorithm\['group_size'\]=8"),
+        ({"max_completion_length": 32, "engine.max_tokens": 16}, "disagrees with engine.max_tokens=16"),
+        ({"loss_type": "bnpo", "token_level": False}, r"loss_type='bnpo' .*algorithm.token_level: True\) disagrees"),
+        ({"loss_type": "cispo"}, "loss_type='cispo' is not in forge_nb; it has 'grpo', 'bnpo'"),
+        ({"scale_rewards": "batch"}, "one std over the whole batch \\('batch'\\) is not in forge_nb"),
+        ({"loss_type": "grpo", "epsilon_high": 0.28}, "clip-higher is its dapo loss"),
+        ({"generation_batch_size": 10, "num_generations": 4}, "needs num_generations \\(a divisor of it\\)"),
+    ],
+)  # fmt: skip
+def test_disagreements_and_what_forge_nb_lacks_are_one_clear_error(values, message):
+    with pytest.raises(ConfigError, match=message):
+        Config.from_dict(values)
+
+
+def test_agreeing_names_are_fine():
+    assert Config.from_dict({"learning_rate": 1e-5, "lr": 1e-5}).algorithm.lr == 1e-5
+
+
+def test_a_whole_grpo_config_maps_what_forge_nb_has_and_names_what_it_ignores():
+    trl = pytest.importorskip("trl")
+    values = trl.GRPOConfig(
+        use_cpu=True, learning_rate=2e-5, num_generations=4, max_completion_length=24, loss_type="dr_grpo",
+        scale_rewards="none", beta=0.02, num_iterations=2, mask_truncated_completions=True,
+    ).to_dict()  # fmt: skip
+    with pytest.warns(TRLConfigWarning) as caught:
+        c = Config.from_dict(values)
+    assert len(caught) == 1
+    message = str(caught[0].message)
+    assert "num_iterations=2, mask_truncated_completions=True" in message or (
+        "num_iterations=2" in message and "mask_truncated_completions=True" in message
+    )
+    assert "output_dir" not in message and "learning_rate" not in message and "use_cpu" not in message
+    a = c.algorithm
+    assert (a.lr, a.group_size, c.engine.max_tokens, a.loss, a.normalize_std, a.kl_coef) == (
+        2e-5, 4, 24, "dr_grpo", False, 0.02
+    )  # fmt: skip
+    assert a.prompts_per_step == 2 and c.seed == 42  # TRL's 8 completions per step / 4; its seed
+
+
+def test_trl_defaults_alone_warn_about_nothing():
+    trl = pytest.importorskip("trl")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", TRLConfigWarning)
+        c = Config.from_dict(trl.GRPOConfig(use_cpu=True).to_dict())
+    assert (c.algorithm.loss, c.algorithm.lr, c.engine.max_tokens) == ("dapo", 1e-6, 512)
+
+
+def test_an_unknown_name_that_is_not_trls_is_still_an_error():
+    with pytest.raises(ConfigError, match="unknown config field 'learning_rat'"):
+        Config.from_dict({"learning_rat": 1e-5})
