@@ -166,6 +166,9 @@ class StepRow:
     accuracy: float
     tokens_per_s: float
     truncated: float  # share of the batch's completions cut off at max_tokens
+    turns: float  # model calls per trajectory (1 without an agent rollout)
+    tool_calls: int  # tool calls in the batch's trajectories, and how many of them failed
+    tool_errors: int
     generate_s: float
     score_s: float
     reference_s: float
@@ -198,6 +201,7 @@ class StepRow:
             accuracy=batch.accuracy,
             tokens_per_s=batch.tokens_per_s,
             truncated=batch.truncated,
+            **batch.agent_stats,
             generate_s=batch.generate_s,
             score_s=batch.score_s,
             reference_s=batch.reference_s,

@@ -47,7 +47,8 @@ class ForgeMagics(Magics):
     def forge(self, line: str, cell: str | None = None):
         """%forge up [--slurm]|status|step N|run [N]|pause|resume|stop|sync|samples N [--step S] [--prompt ID]|
         dashboard|explore|watch NAME=THRESHOLD ...|save PATH|versions|eval|export PATH|down
-        %%forge reward [--name NAME] [--weight W] | %%forge loss  (the cell defines the function; it is
+        %%forge reward [--name NAME] [--weight W] | %%forge loss | %%forge rollout [--tools a,b] | %%forge env
+        (the cell defines the function -- or the environment class; it is
         validated and made live; --name adds or replaces one of several weighted rewards)"""
         command, _, rest = line.strip().partition(" ")
         if cell is not None:
@@ -59,10 +60,13 @@ class ForgeMagics(Magics):
     @magic_arguments()
     @argument("--name", default=None, help="which reward (default: reward); several can be live at once")
     @argument("--weight", type=float, default=None, help="its weight in the trained reward (0: logged only)")
+    @argument("--tools", default="", help="rollout: names of the tool functions, comma-separated")
     def _cell(self, kind: str, rest: str, cell: str):
-        if kind not in ("reward", "loss"):
-            raise ForgeMagicError(f"%%forge {kind}: a cell magic is %%forge reward or %%forge loss")
+        if kind not in ("reward", "loss", "rollout", "env"):
+            raise ForgeMagicError(f"%%forge {kind}: a cell magic is %%forge reward, loss, rollout or env")
         args = parse_argstring(self._cell, rest)
+        if kind in ("rollout", "env"):
+            return self._agent_cell(kind, cell, [t for t in args.tools.split(",") if t])
         if kind == "loss" and (args.name or args.weight is not None):
             raise ForgeMagicError("%%forge loss takes no --name or --weight (the loss is one function)")
         # The cell runs here first (its function is usable in the kernel too); what travels is that
@@ -77,6 +81,26 @@ class ForgeMagics(Magics):
         member = session.registry.live("reward").members[args.name or "reward"]
         print(f"reward v{version} is live (from the next batch): {args.name or 'reward'} with weight {member.weight:g}")
         return None
+
+    def _agent_cell(self, kind: str, cell: str, tools: list[str]):
+        """%%forge rollout [--tools calculator,search]: the cell's last ``async def`` is the agent loop;
+        %%forge env: the cell's last class is the environment. Run here first, then checked and made live."""
+        ran = self.shell.run_cell(cell, store_history=False)
+        if not ran.success:
+            raise ForgeMagicError(f"%%forge {kind}: the cell raised; nothing changed")
+        ns = self.shell.user_ns
+        missing = [t for t in tools if not callable(ns.get(t))]
+        if missing:
+            raise ForgeMagicError(f"%%forge {kind}: no function {missing[0]!r} in the notebook for --tools")
+        if kind == "env":
+            found = _last_function(cell, ns, (ast.ClassDef,))
+            version = _session().set_env(found) if found else None
+        else:
+            found = _last_function(cell, ns)
+            version = _session().set_rollout(found, tools=[ns[t] for t in tools]) if found else None
+        if version is None:
+            raise ForgeMagicError(f"%%forge {kind}: the cell defines no {'class' if kind == 'env' else 'function'}")
+        print(f"{kind} v{version} is live (from the next batch)")
 
     @magic_arguments()
     @argument("overrides", nargs="*", help="config fields, e.g. lr=1e-4 group_size=4")
@@ -179,10 +203,11 @@ class ForgeMagics(Magics):
             print("forge_nb: every proc stopped")
 
 
-def _last_function(cell: str, namespace: dict):
-    """The function the cell's last top-level ``def`` bound, as it is in the kernel now (None if none)."""
+def _last_function(cell: str, namespace: dict, kinds: tuple = (ast.FunctionDef, ast.AsyncFunctionDef)):
+    """The function (or class, with `kinds`) the cell's last top-level definition bound, as it is in the
+    kernel now (None if none)."""
     try:
-        names = [n.name for n in ast.parse(cell).body if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)]
+        names = [n.name for n in ast.parse(cell).body if isinstance(n, kinds)]
     except SyntaxError:
         return None
     fn = namespace.get(names[-1]) if names else None

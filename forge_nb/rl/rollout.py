@@ -55,7 +55,19 @@ class Rollout:
 
     @property
     def tokens_per_s(self) -> float:
-        return self.num_tokens / self.generate_s if self.generate_s > 0 else 0.0
+        """Tokens the policy generated (a trajectory's: its replies, not its tool results) per second."""
+        generated = sum(e.trained_tokens for e in self.episodes)
+        return generated / self.generate_s if self.generate_s > 0 else 0.0
+
+    @property
+    def agent_stats(self) -> dict[str, float]:
+        """Mean model calls per trajectory (1 for single-turn samples) and tool calls / errors in all."""
+        turns = [e.turns or [] for e in self.episodes]
+        return {
+            "turns": sum(max(1, len(t)) for t in turns) / max(1, len(turns)),
+            "tool_calls": sum(x["tool_calls"] for t in turns for x in t),
+            "tool_errors": sum(x["tool_errors"] for t in turns for x in t),
+        }
 
     @property
     def truncated(self) -> float:
@@ -75,6 +87,7 @@ class Rollout:
             "generate_s": self.generate_s,
             "score_s": self.score_s,
             "reference_s": self.reference_s,
+            **self.agent_stats,
         }
 
     def to_pandas(self) -> pd.DataFrame:
