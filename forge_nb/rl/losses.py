@@ -8,6 +8,9 @@ advantages [B] (one per sequence) or [B, T].
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+
 import torch
 
 
@@ -121,3 +124,24 @@ def aipo_loss(
     adv = advantages[:, None] if advantages.dim() == 1 else advantages
     weight = torch.exp(logprobs - old_logprobs).clamp(max=rho_max).detach()
     return masked_mean(-weight * adv * logprobs, mask)
+
+
+@dataclass(frozen=True)
+class BuiltinLoss:
+    """A loss that `algorithm.loss` can name: the function, and where each of its keyword options
+    comes from -- the `AlgorithmConfig` field of that name, or ``"max_tokens"`` for engine.max_tokens.
+    A mapping of names, not a function of the config, so that config can import this registry to
+    validate `algorithm.loss` without this module importing config."""
+
+    fn: Callable[..., torch.Tensor]
+    options: dict[str, str]  # keyword of `fn` -> AlgorithmConfig field, or "max_tokens"
+
+
+#: The built-in losses by `algorithm.loss` name; `forge_nb.live.builtin.builtin_loss` makes loss v0 from one.
+#: Dr.GRPO divides by B x engine.max_tokens (a constant), as the paper and TRL do.
+LOSSES: dict[str, BuiltinLoss] = {
+    "grpo": BuiltinLoss(grpo_loss, {"clip_eps": "clip_eps", "token_level": "token_level"}),
+    "dr_grpo": BuiltinLoss(dr_grpo_loss, {"clip_eps": "clip_eps", "max_tokens": "max_tokens"}),
+    "dapo": BuiltinLoss(dapo_loss, {"clip_low": "clip_eps", "clip_high": "clip_high"}),
+    "aipo": BuiltinLoss(aipo_loss, {"rho_max": "rho_max"}),
+}
