@@ -39,11 +39,12 @@ from forge_nb.live.capture import compile_function
 from forge_nb.mesh.calls import shards
 from forge_nb.models.registry import resolve_model
 from forge_nb.rewards import Ensemble, addition_verifiers, judge
-from forge_nb.rewards.batch import RewardBatch, Scores, reward_batch
+from forge_nb.rewards.batch import RewardBatch, Scores
 from forge_nb.rewards.judge import render
 from forge_nb.rewards.judge_model import JudgeModel
 from forge_nb.rewards.scoring import score_members
 from forge_nb.rewards.verdicts import JudgeRequest
+from forge_nb.rl.rollout import reward_batch
 
 EXACT = "exact match (per sample)"
 ENSEMBLE = "rule ensemble (batched)"

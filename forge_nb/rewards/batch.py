@@ -14,7 +14,6 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 from forge_nb.rewards.verdicts import JudgeStats
-from forge_nb.rl.episode import Episode
 
 
 @dataclass(frozen=True)
@@ -93,20 +92,6 @@ def columns_of(samples: Sequence[RewardSample]) -> dict[str, list]:
         "completions": [s.completion for s in samples],
         "targets": [s.target for s in samples],
     }
-
-
-def reward_batch(episodes: Sequence[Episode], step: int) -> RewardBatch:
-    """The columns of `episodes`, scored at training step `step`."""
-    return RewardBatch(
-        [e.prompt for e in episodes],
-        [e.completion for e in episodes],
-        [e.target for e in episodes],
-        [e.policy_version for e in episodes],
-        [e.sample_id for e in episodes],
-        [e.prompt_id for e in episodes],
-        [e.extras for e in episodes],
-        step,
-    )
 
 
 @dataclass

@@ -18,9 +18,9 @@ from dataclasses import dataclass
 import pandas as pd
 import torch
 
-from forge_nb.engines.base import Completion
-from forge_nb.rewards.batch import Scores
+from forge_nb.rewards.batch import RewardBatch, Scores
 from forge_nb.rl.advantages import group_relative, informative_groups, overlong_penalty
+from forge_nb.rl.completion import Completion
 from forge_nb.rl.episode import Episode
 from forge_nb.tasks.base import Problem
 
@@ -120,6 +120,20 @@ def make_episodes(
             )
             next_id = None if next_id is None else next_id + 1
     return episodes
+
+
+def reward_batch(episodes: Sequence[Episode], step: int) -> RewardBatch:
+    """The columns of `episodes` for the reward actors, scored at training step `step`."""
+    return RewardBatch(
+        [e.prompt for e in episodes],
+        [e.completion for e in episodes],
+        [e.target for e in episodes],
+        [e.policy_version for e in episodes],
+        [e.sample_id for e in episodes],
+        [e.prompt_id for e in episodes],
+        [e.extras for e in episodes],
+        step,
+    )
 
 
 def apply_scores(episodes: Sequence[Episode], scores: Scores) -> list[dict]:
