@@ -64,7 +64,7 @@ class TrainerSpec:
 @dataclass(frozen=True)
 class TrainResult:
     """What one `train_step` did: the policy version it published, the loss version it ran, the
-    step's metrics (`rl.train_step.policy_step`: loss, grad_norm, approx_kl, tokens, ...) and times (s)."""
+    step's metrics (`rl.train_step.policy_update`: loss, grad_norm, approx_kl, tokens, ...) and times (s)."""
 
     policy_version: int
     loss_version: int

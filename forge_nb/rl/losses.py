@@ -89,21 +89,6 @@ def kl_k3(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
     return torch.exp(r) - r - 1.0
 
 
-def grpo_kl_loss(
-    logprobs: torch.Tensor,
-    old_logprobs: torch.Tensor,
-    advantages: torch.Tensor,
-    mask: torch.Tensor,
-    ref_logprobs: torch.Tensor,
-    beta: float = 0.04,
-    clip_eps: float = 0.2,
-) -> torch.Tensor:
-    """The clipped GRPO surrogate plus `beta` x the k3 KL to a reference model, both averaged per
-    sequence then over sequences -> scalar."""
-    surrogate = grpo_loss(logprobs, old_logprobs, advantages, mask, clip_eps)
-    return surrogate + kl_penalty(logprobs, ref_logprobs, mask, beta)
-
-
 def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, mask: torch.Tensor, beta: float) -> torch.Tensor:
     """`beta` x the k3 KL(policy || reference) [B, T], averaged per sequence then over sequences -> scalar
     (0 for empty rows). Add it to any loss of the family."""
