@@ -27,7 +27,7 @@ from forge_nb.live.builtin import builtin_loss
 from forge_nb.rl.advantages import group_relative
 from forge_nb.rl.losses import grpo_loss
 from forge_nb.rl.prefix_batch import collate_prefix
-from forge_nb.rl.train_step import policy_step
+from forge_nb.rl.train_step import policy_update
 from forge_nb.tasks import make_task
 
 
@@ -67,7 +67,7 @@ class PlainLoop:
             [c.logprobs for c in flat],
             adv.tolist(),
         )
-        policy_step(
+        policy_update(
             self.model,
             self.optimizer,
             batch,

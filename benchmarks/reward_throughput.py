@@ -7,7 +7,7 @@ the proc's window, P(correct) returned). The samples are real completions of the
 made once and scored by every configuration.
 
 Both sides do the same work on the same samples, with the same compiled reward set and the same scoring function
-(`live.validate.score_members`, what a reward worker runs):
+(`rewards.scoring.score_members`, what a reward worker runs):
 - reward pool: `Roles.score` from the controller: the batch split evenly over P reward procs (as `Session.rollout`
   does), sent as columns, scored in parallel, scores back;
 - in kernel: the same P shards scored one after another in this process, each by its own copy of the reward set
@@ -36,14 +36,15 @@ import torch
 
 import forge_nb
 from forge_nb.live.capture import compile_function
-from forge_nb.live.validate import score_members
 from forge_nb.mesh.calls import shards
 from forge_nb.models.registry import resolve_model
 from forge_nb.rewards import Ensemble, addition_verifiers, judge
-from forge_nb.rewards.batch import RewardBatch, Scores, reward_batch
+from forge_nb.rewards.batch import RewardBatch, Scores
 from forge_nb.rewards.judge import render
 from forge_nb.rewards.judge_model import JudgeModel
+from forge_nb.rewards.scoring import score_members
 from forge_nb.rewards.verdicts import JudgeRequest
+from forge_nb.rl.rollout import reward_batch
 
 EXACT = "exact match (per sample)"
 ENSEMBLE = "rule ensemble (batched)"

@@ -17,10 +17,9 @@ from forge_nb.agents.episodes import episodes_of, row_of
 from forge_nb.agents.trajectory import Trajectory
 from forge_nb.engines.base import SamplingParams
 from forge_nb.mesh.roles import Roles
-from forge_nb.rewards.batch import reward_batch
 from forge_nb.rl.advantages import group_relative
 from forge_nb.rl.episode import Episode
-from forge_nb.rl.rollout import apply_scores, make_episodes
+from forge_nb.rl.rollout import apply_scores, make_episodes, reward_batch
 from forge_nb.state import RunState
 from forge_nb.tasks.prompts import PromptFormat
 

@@ -23,10 +23,9 @@ from forge_nb.actors.trainer import TrainResult
 from forge_nb.agents.episodes import episodes_of, own_reward, row_of
 from forge_nb.engines.base import SamplingParams
 from forge_nb.mesh.roles import Roles
-from forge_nb.rewards.batch import reward_batch
 from forge_nb.rl import rollout as pipeline
 from forge_nb.rl.episode import Episode
-from forge_nb.rl.rollout import EmptyTrainBatch, Rollout
+from forge_nb.rl.rollout import EmptyTrainBatch, Rollout, reward_batch
 from forge_nb.run.rollout_log import Batch
 from forge_nb.state import RunState, SessionError
 from forge_nb.tasks import Problem

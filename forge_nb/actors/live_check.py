@@ -14,19 +14,13 @@ from monarch.actor import endpoint
 
 import forge_nb.rewards.judge_client as judge_client
 from forge_nb.actors.base import ForgeActor
+from forge_nb.checks import CheckFailed, CheckTimedOut, describe_exception
 from forge_nb.live.capture import LiveCode, compile_function
 from forge_nb.live.registry import Member
-from forge_nb.live.validate import (
-    CheckFailed,
-    CheckTimedOut,
-    LossProbe,
-    describe_exception,
-    score_members,
-    validate_loss,
-    validate_reward,
-)
+from forge_nb.live.validate import LossProbe, validate_loss, validate_reward
 from forge_nb.rewards.batch import RewardSample, Scores
 from forge_nb.rewards.judge_client import JudgeUnavailable
+from forge_nb.rewards.scoring import score_members
 from forge_nb.rl.train_step import needs_ref
 
 

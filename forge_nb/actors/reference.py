@@ -9,31 +9,13 @@ from monarch.actor import endpoint
 from transformers import AutoModelForCausalLM
 
 from forge_nb.actors.base import ForgeActor
-from forge_nb.config import Config
+from forge_nb.actors.model_spec import ModelSpec
 from forge_nb.rl.prefix_batch import completion_logprobs
 
 
 @dataclass(frozen=True)
-class ReferenceSpec:
-    """The frozen model: `model_dir` in `dtype` on `device`; logprobs of ``logits / temperature``."""
-
-    model_dir: str
-    dtype: str
-    threads: int
-    device: str
-    pad_id: int
-    temperature: float
-
-    @classmethod
-    def from_config(cls, config: Config, pad_id: int) -> ReferenceSpec:
-        return cls(
-            str(config.model.resolved_path()),
-            config.model.dtype,
-            config.mesh.threads_per_proc,
-            config.model.resolved_device,
-            pad_id,
-            config.engine.temperature,
-        )
+class ReferenceSpec(ModelSpec):
+    """The frozen model: the policy's as `ModelSpec.from_config` reads it from the config, nothing more."""
 
 
 class Reference(ForgeActor):

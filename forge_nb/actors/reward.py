@@ -18,8 +18,8 @@ from forge_nb.actors.base import ForgeActor
 from forge_nb.live.capture import compile_function
 from forge_nb.live.deadline import wait_for
 from forge_nb.live.registry import Member
-from forge_nb.live.validate import score_members
 from forge_nb.rewards.batch import RewardBatch, Scores
+from forge_nb.rewards.scoring import score_members
 
 
 @dataclass(frozen=True)

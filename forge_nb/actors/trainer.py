@@ -11,6 +11,7 @@ from monarch.actor import endpoint
 from transformers import AutoModelForCausalLM
 
 from forge_nb.actors.base import ForgeActor
+from forge_nb.actors.model_spec import ModelSpec
 from forge_nb.config import AlgorithmConfig, Config
 from forge_nb.live.capture import LiveCode, compile_function
 from forge_nb.live.validate import CheckFailed, check_loss_value
@@ -28,18 +29,12 @@ class LossFailed(RuntimeError):
 
 
 @dataclass(frozen=True)
-class TrainerSpec:
-    """The trainable model (`model_dir`, `dtype`, `device`), its optimisation (`algorithm`, the loss
-    it starts with), and how it publishes weights (`serve_dtype`, RDMA chunks of `chunk_mb`)."""
+class TrainerSpec(ModelSpec):
+    """The trainable model (`ModelSpec`), its optimisation (`algorithm`, the loss it starts with), and
+    how it publishes weights (`serve_dtype`, RDMA chunks of `chunk_mb`)."""
 
-    model_dir: str
-    dtype: str
-    threads: int
-    device: str
     algorithm: AlgorithmConfig
     loss: LiveCode
-    pad_id: int
-    temperature: float
     serve_dtype: str
     chunk_mb: int
     resume_from: str = ""  # a checkpoint's trainer/ folder (`save_state`): weights, optimizer, RNG, versions
@@ -47,24 +42,20 @@ class TrainerSpec:
 
     @classmethod
     def from_config(cls, config: Config, pad_id: int, loss: LiveCode) -> TrainerSpec:
-        return cls(
-            str(config.model.resolved_path()),
-            config.model.dtype,
-            config.mesh.threads_per_proc,
-            config.model.resolved_device,
-            config.algorithm,
-            loss,
+        return super().from_config(
+            config,
             pad_id,
-            config.engine.temperature,
-            config.serve_dtype,
-            config.weights.chunk_mb,
+            algorithm=config.algorithm,
+            loss=loss,
+            serve_dtype=config.serve_dtype,
+            chunk_mb=config.weights.chunk_mb,
         )
 
 
 @dataclass(frozen=True)
 class TrainResult:
     """What one `train_step` did: the policy version it published, the loss version it ran, the
-    step's metrics (`rl.train_step.policy_step`: loss, grad_norm, approx_kl, tokens, ...) and times (s)."""
+    step's metrics (`rl.train_step.policy_update`: loss, grad_norm, approx_kl, tokens, ...) and times (s)."""
 
     policy_version: int
     loss_version: int

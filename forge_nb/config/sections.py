@@ -133,7 +133,7 @@ class AlgorithmConfig:
     prompts_per_step: int = 32
     group_size: int = 8  # samples per prompt (G)
     lr: float = 5e-4
-    loss: str = "grpo"  # built-in loss v0: "grpo", "dr_grpo", "dapo" or "aipo" (forge_nb.rl.losses)
+    loss: str = "grpo"  # built-in loss v0: a name in forge_nb.rl.losses.LOSSES
     clip_eps: float = 0.2  # ratio clip (the lower one for DAPO)
     clip_high: float = 0.28  # DAPO's upper ratio clip
     rho_max: float = 2.0  # AIPO's importance-weight truncation
@@ -151,7 +151,9 @@ class AlgorithmConfig:
         _at_least("algorithm.group_size", self.group_size, 2)
         if not self.lr > 0:
             raise ConfigError(f"algorithm.lr must be > 0, got {self.lr}")
-        _choice("algorithm.loss", self.loss, ("grpo", "dr_grpo", "dapo", "aipo"))
+        from forge_nb.rl.losses import LOSSES  # here, not at the top: torch is imported only to validate
+
+        _choice("algorithm.loss", self.loss, tuple(LOSSES))
         _choice("algorithm.group_std", self.group_std, ("sample", "population"))
         _at_least("algorithm.clip_eps", self.clip_eps, 0.0)
         _at_least("algorithm.clip_high", self.clip_high, 0.0)

@@ -1,6 +1,7 @@
 """The engine interface every generator backend implements.
 
-``generate(prompts, sampling) -> completions with logprobs`` and ``load_weights(named tensors)``.
+``generate(prompts, sampling) -> completions with logprobs`` (`rl.completion.Completion`) and
+``load_weights(named tensors)``.
 A prompt is token ids (what the session sends: it renders chat templates itself) or a string, which
 the engine tokenizes as its tokenizer does by default.
 Logprobs are those of the *sampling* distribution: ``log_softmax(logits / temperature)`` at the
@@ -15,6 +16,8 @@ from dataclasses import dataclass
 from typing import Protocol
 
 import torch
+
+from forge_nb.rl.completion import Completion
 
 
 @dataclass(frozen=True)
@@ -31,21 +34,6 @@ class SamplingParams:
     max_tokens: int = 8
     seed: int | None = None
     stop: tuple[str, ...] = ()
-
-
-@dataclass
-class Completion:
-    """One sampled continuation of one prompt.
-
-    `token_ids` are the generated ids (ending with EOS when `finish_reason == "stop"`);
-    `logprobs[i]` is the sampling logprob of `token_ids[i]`; `text` excludes special tokens.
-    """
-
-    prompt_ids: list[int]
-    token_ids: list[int]
-    logprobs: list[float]
-    text: str
-    finish_reason: str
 
 
 Prompt = str | list[int]

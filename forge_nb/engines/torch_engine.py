@@ -14,7 +14,8 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
-from forge_nb.engines.base import Completion, Prompt, SamplingParams, cut_at_stop, encode_prompts
+from forge_nb.engines.base import Prompt, SamplingParams, cut_at_stop, encode_prompts
+from forge_nb.rl.completion import Completion
 from forge_nb.rl.prefix_batch import completion_logprobs
 
 

@@ -22,7 +22,8 @@ from pathlib import Path
 
 import torch
 
-from forge_nb.engines.base import Completion, Prompt, SamplingParams, cut_at_stop, encode_prompts
+from forge_nb.engines.base import Prompt, SamplingParams, cut_at_stop, encode_prompts
+from forge_nb.rl.completion import Completion
 
 MiB = 1 << 20
 

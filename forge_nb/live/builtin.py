@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from forge_nb.config import AlgorithmConfig, TaskConfig
 from forge_nb.live.capture import LiveCode
+from forge_nb.rl.losses import LOSSES
 
 
 def builtin_reward(task: TaskConfig) -> LiveCode:
@@ -21,27 +22,28 @@ def builtin_reward(task: TaskConfig) -> LiveCode:
 
 
 def builtin_loss(algorithm: AlgorithmConfig, max_tokens: int) -> LiveCode:
-    """The configured loss of the GRPO family (`algorithm.loss`) with its options, as loss v0.
-    Dr.GRPO divides by B x `max_tokens` (engine.max_tokens, a constant), as the paper and TRL do."""
+    """Loss v0: the function `LOSSES[algorithm.loss]` names, with its options read from `algorithm`
+    (and `max_tokens`, engine.max_tokens), written as source that imports it by name, so it travels
+    and is checked like a loss cell. `kl_coef > 0` adds beta x the k3 KL to the reference's logprobs."""
     a = algorithm
-    options = {
-        "grpo": f"clip_eps={a.clip_eps}, token_level={a.token_level}",
-        "dr_grpo": f"clip_eps={a.clip_eps}, max_tokens={max_tokens}",
-        "dapo": f"clip_low={a.clip_eps}, clip_high={a.clip_high}",
-        "aipo": f"rho_max={a.rho_max}",
-    }[a.loss]
-    if a.kl_coef > 0:  # the same loss plus beta x k3 KL to the reference actor's logprobs
+    chosen = LOSSES[a.loss]
+    fn = chosen.fn.__name__
+    options = ", ".join(
+        f"{keyword}={max_tokens if field == 'max_tokens' else getattr(a, field)!r}"
+        for keyword, field in chosen.options.items()
+    )
+    if a.kl_coef > 0:
         source = (
-            f"from forge_nb.rl.losses import {a.loss}_loss, kl_penalty\n\n\n"
+            f"from forge_nb.rl.losses import {fn}, kl_penalty\n\n\n"
             "def loss(logprobs, old_logprobs, advantages, mask, ref_logprobs):\n"
-            f"    surrogate = {a.loss}_loss(logprobs, old_logprobs, advantages, mask, {options})\n"
+            f"    surrogate = {fn}(logprobs, old_logprobs, advantages, mask, {options})\n"
             f"    return surrogate + kl_penalty(logprobs, ref_logprobs, mask, beta={a.kl_coef})\n"
         )
         return LiveCode("loss", "loss", source, f"built-in: {a.loss} + {a.kl_coef} x KL(reference)")
     source = (
-        f"from forge_nb.rl.losses import {a.loss}_loss\n\n\n"
+        f"from forge_nb.rl.losses import {fn}\n\n\n"
         "def loss(logprobs, old_logprobs, advantages, mask):\n"
-        f"    return {a.loss}_loss(logprobs, old_logprobs, advantages, mask, {options})\n"
+        f"    return {fn}(logprobs, old_logprobs, advantages, mask, {options})\n"
     )
     # Every loss of the family is advantage x f(ratio) per token: 0, with no gradient, where A = 0.
     return LiveCode("loss", "loss", source, f"built-in: {a.loss}", zero_advantage_inert=True)

@@ -26,8 +26,9 @@ from forge_nb.live.closure import capture_callable
 from forge_nb.live.probe import loss_probe
 from forge_nb.live.registry import Member, Registry, VersionRecord
 from forge_nb.live.validate import CheckFailed, LossProbe
-from forge_nb.rewards.batch import RewardSample, Scores, reward_batch
+from forge_nb.rewards.batch import RewardSample, Scores
 from forge_nb.rl.episode import Episode
+from forge_nb.rl.rollout import reward_batch
 from forge_nb.state import RunState
 
 KINDS = ("reward", "loss")

@@ -15,9 +15,10 @@ from collections.abc import Callable
 
 from forge_nb.actors.base import ActorInfo
 from forge_nb.actors.live_check import CheckResult, LiveCheck, LiveCheckSpec
+from forge_nb.checks import CheckFailed
 from forge_nb.live.capture import LiveCode
 from forge_nb.live.registry import Member
-from forge_nb.live.validate import CheckFailed, LossProbe
+from forge_nb.live.validate import LossProbe
 from forge_nb.mesh.calls import wait
 from forge_nb.mesh.local import LocalMesh
 from forge_nb.rewards.batch import RewardSample, Scores

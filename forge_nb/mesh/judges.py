@@ -22,8 +22,8 @@ import psutil
 
 from forge_nb.actors.base import ActorInfo
 from forge_nb.actors.judge import JudgeActor, JudgeSpec
+from forge_nb.checks import CheckFailed
 from forge_nb.config import Config
-from forge_nb.live.validate import CheckFailed
 from forge_nb.mesh.calls import wait
 from forge_nb.mesh.checker import Checker, JudgeNeeded
 from forge_nb.mesh.local import LocalMesh

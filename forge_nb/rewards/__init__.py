@@ -1,7 +1,8 @@
 """Rewards: answer checks to use in reward cells (`answers`), what a reward is called on and returns
-(`batch`, `forms`), a model judge (`judge`), weak verifiers for the bundled tasks (`verifiers`) and an
-ensemble that combines them without labels (`ensemble`, fitted by `weaver`), and TRL's reward_funcs
-as a live reward set (`reward_funcs`; TRL's call form: `trl_form`)."""
+(`batch`, `forms`), scoring a batch with the live reward set every step (`scoring`), a model judge
+(`judge`), weak verifiers for the bundled tasks (`verifiers`) and an ensemble that combines them
+without labels (`ensemble`, fitted by `weaver`), and TRL's reward_funcs as a live reward set
+(`reward_funcs`; TRL's call form: `trl_form`)."""
 
 from forge_nb.rewards.answers import answer_match, boxed, extract_answer, format_match, last_number, to_number
 from forge_nb.rewards.ensemble import Ensemble

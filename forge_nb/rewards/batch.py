@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 
 from forge_nb.rewards.trl_form import PROMPT_AS_GIVEN, batched_keywords, prompt_as_given
 from forge_nb.rewards.verdicts import JudgeStats
-from forge_nb.rl.episode import Episode
 
 
 @dataclass(frozen=True)
@@ -102,21 +101,6 @@ def columns_of(samples: Sequence[RewardSample]) -> dict[str, list]:
         [s.target for s in samples],
         [s.context for s in samples],
         step,
-    )
-
-
-def reward_batch(episodes: Sequence[Episode], step: int) -> RewardBatch:
-    """The columns of `episodes`, scored at training step `step`."""
-    return RewardBatch(
-        [e.prompt for e in episodes],
-        [e.completion for e in episodes],
-        [e.target for e in episodes],
-        [e.policy_version for e in episodes],
-        [e.sample_id for e in episodes],
-        [e.prompt_id for e in episodes],
-        [e.extras for e in episodes],
-        step,
-        [e.completion_ids for e in episodes],
     )
 
 

@@ -8,6 +8,9 @@ advantages [B] (one per sequence) or [B, T].
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+
 import torch
 
 
@@ -86,21 +89,6 @@ def kl_k3(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
     return torch.exp(r) - r - 1.0
 
 
-def grpo_kl_loss(
-    logprobs: torch.Tensor,
-    old_logprobs: torch.Tensor,
-    advantages: torch.Tensor,
-    mask: torch.Tensor,
-    ref_logprobs: torch.Tensor,
-    beta: float = 0.04,
-    clip_eps: float = 0.2,
-) -> torch.Tensor:
-    """The clipped GRPO surrogate plus `beta` x the k3 KL to a reference model, both averaged per
-    sequence then over sequences -> scalar."""
-    surrogate = grpo_loss(logprobs, old_logprobs, advantages, mask, clip_eps)
-    return surrogate + kl_penalty(logprobs, ref_logprobs, mask, beta)
-
-
 def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, mask: torch.Tensor, beta: float) -> torch.Tensor:
     """`beta` x the k3 KL(policy || reference) [B, T], averaged per sequence then over sequences -> scalar
     (0 for empty rows). Add it to any loss of the family."""
@@ -121,3 +109,24 @@ def aipo_loss(
     adv = advantages[:, None] if advantages.dim() == 1 else advantages
     weight = torch.exp(logprobs - old_logprobs).clamp(max=rho_max).detach()
     return masked_mean(-weight * adv * logprobs, mask)
+
+
+@dataclass(frozen=True)
+class BuiltinLoss:
+    """A loss that `algorithm.loss` can name: the function, and where each of its keyword options
+    comes from -- the `AlgorithmConfig` field of that name, or ``"max_tokens"`` for engine.max_tokens.
+    A mapping of names, not a function of the config, so that config can import this registry to
+    validate `algorithm.loss` without this module importing config."""
+
+    fn: Callable[..., torch.Tensor]
+    options: dict[str, str]  # keyword of `fn` -> AlgorithmConfig field, or "max_tokens"
+
+
+#: The built-in losses by `algorithm.loss` name; `forge_nb.live.builtin.builtin_loss` makes loss v0 from one.
+#: Dr.GRPO divides by B x engine.max_tokens (a constant), as the paper and TRL do.
+LOSSES: dict[str, BuiltinLoss] = {
+    "grpo": BuiltinLoss(grpo_loss, {"clip_eps": "clip_eps", "token_level": "token_level"}),
+    "dr_grpo": BuiltinLoss(dr_grpo_loss, {"clip_eps": "clip_eps", "max_tokens": "max_tokens"}),
+    "dapo": BuiltinLoss(dapo_loss, {"clip_low": "clip_eps", "clip_high": "clip_high"}),
+    "aipo": BuiltinLoss(aipo_loss, {"rho_max": "rho_max"}),
+}

@@ -1,13 +1,15 @@
 """The rollout pipeline as pure functions: completions -> episodes -> scores -> advantages -> train subset.
 
-`Session.rollout` makes the actor calls (generate, score, reference logprobs) and runs these in
-between; everything here is plain Python and torch, tested without a mesh.
+The step (`forge_nb.step`: `rollout`, `score`, `advantages`, `train`) makes the actor calls
+(generate, score, reference logprobs) and runs these in between; everything here is plain Python
+and torch, tested without a mesh.
 
-    episodes = make_episodes(problems, completions, policy_version, first_sample_id)
-    errors = apply_scores(episodes, scores)           # per-shard `Scores` from the reward actors
+    episodes = make_episodes(problems, prompts, completions, policy_version, first_sample_id)
+    batch = reward_batch(episodes, step)              # the columns the reward actors score, in shards
+    errors = apply_scores(episodes[part], scores)     # each shard's `Scores` from the reward actors
     add_overlong_penalty(episodes, max_tokens, cache)  # DAPO, when configured
-    assign_advantages(episodes, group_size, normalize_std)
-    batch = train_subset(episodes, dynamic_sampling)   # what the trainer gets
+    assign_advantages(episodes, group_size, normalize_std, unbiased_std)
+    train = train_subset(episodes, dynamic_sampling)   # what the trainer gets
 """
 
 from __future__ import annotations
@@ -18,9 +20,9 @@ from dataclasses import dataclass
 import pandas as pd
 import torch
 
-from forge_nb.engines.base import Completion
-from forge_nb.rewards.batch import Scores
+from forge_nb.rewards.batch import RewardBatch, Scores
 from forge_nb.rl.advantages import group_relative, informative_groups, overlong_penalty
+from forge_nb.rl.completion import Completion
 from forge_nb.rl.episode import Episode
 from forge_nb.tasks.base import Problem
 
@@ -135,9 +137,25 @@ def make_episodes(
     return episodes
 
 
+def reward_batch(episodes: Sequence[Episode], step: int) -> RewardBatch:
+    """The columns of `episodes` for the reward actors, scored at training step `step`."""
+    return RewardBatch(
+        [e.prompt for e in episodes],
+        [e.completion for e in episodes],
+        [e.target for e in episodes],
+        [e.policy_version for e in episodes],
+        [e.sample_id for e in episodes],
+        [e.prompt_id for e in episodes],
+        [e.extras for e in episodes],
+        step,
+        [e.completion_ids for e in episodes],
+    )
+
+
 def apply_scores(episodes: Sequence[Episode], scores: Scores) -> list[dict]:
     """Fill in each episode's reward and its members' scores (or its error, with reward NaN) from
-    `scores`, which lines up with `episodes` -> one record per failed sample (`Session.reward_errors`)."""
+    `scores`, which lines up with `episodes` -> one record per failed sample (the step keeps them in
+    `state.RunState.reward_errors`)."""
     errors = []
     for i, e in enumerate(episodes):
         e.reward_version = scores.reward_version

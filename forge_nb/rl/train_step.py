@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
-from typing import Any
 
 import torch
 from torch import nn
@@ -42,11 +41,6 @@ def needs_ref(loss_fn: LossFn) -> bool:
     except (TypeError, ValueError):
         return False
     return param is not None and param.default is param.empty
-
-
-def policy_step(*args: Any, **kwargs: Any) -> dict[str, float]:
-    """`policy_update`'s metrics alone."""
-    return policy_update(*args, **kwargs)[0]
 
 
 def policy_update(

@@ -6,9 +6,11 @@ import time
 import numpy as np
 import pytest
 
-from forge_nb.live.validate import CheckFailed, CheckTimedOut, score_members, validate_reward
+from forge_nb.checks import CheckFailed, CheckTimedOut
+from forge_nb.live.validate import validate_reward
 from forge_nb.rewards.batch import RewardBatch, RewardSample, Scores
 from forge_nb.rewards.forms import is_batched
+from forge_nb.rewards.scoring import score_members
 
 PROBES = [
     RewardSample("1+1=", "2", "2", {"step": 3, "prompt_id": "a", "level": "easy"}),

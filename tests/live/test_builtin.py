@@ -5,9 +5,10 @@ from forge_nb.config import AlgorithmConfig, TaskConfig
 from forge_nb.live.builtin import builtin_loss, builtin_reward
 from forge_nb.live.capture import compile_function
 from forge_nb.live.validate import LossProbe, validate_loss
+from forge_nb.rl.losses import LOSSES
 
 
-@pytest.mark.parametrize("name", ["grpo", "dr_grpo", "dapo", "aipo"])
+@pytest.mark.parametrize("name", list(LOSSES))
 def test_every_builtin_loss_compiles_and_passes_validation(name):
     code = builtin_loss(AlgorithmConfig(loss=name), max_tokens=8)
     assert code.origin == f"built-in: {name}"

@@ -4,7 +4,8 @@ import time
 import pytest
 import torch
 
-from forge_nb.live.validate import CheckFailed, LossProbe, validate_loss, validate_reward
+from forge_nb.checks import CheckFailed
+from forge_nb.live.validate import LossProbe, validate_loss, validate_reward
 from forge_nb.rewards.batch import RewardSample
 from forge_nb.rl.losses import grpo_loss
 

@@ -80,14 +80,18 @@ def test_k3_is_zero_at_the_reference_and_matches_the_formula():
     assert math.isclose(kl_k3(torch.tensor([[-1.0]]), torch.tensor([[-0.5]])).item(), math.exp(r) - r - 1, rel_tol=1e-6)
 
 
-def test_grpo_kl_adds_beta_times_the_sequence_mean_kl():
-    from forge_nb.rl.losses import grpo_kl_loss, kl_k3
+def test_the_builtin_loss_with_kl_coef_adds_beta_times_the_sequence_mean_kl():
+    from forge_nb.config import AlgorithmConfig
+    from forge_nb.live.builtin import builtin_loss
+    from forge_nb.live.capture import compile_function
+    from forge_nb.rl.losses import kl_k3
 
+    loss_fn = compile_function(builtin_loss(AlgorithmConfig(kl_coef=0.1), max_tokens=2))
     lp = torch.tensor([[-1.0, -1.0]])
     ref = torch.tensor([[-0.5, -1.0]])
     mask = torch.ones(1, 2)
     kl = kl_k3(lp, ref).mean().item()
-    loss = grpo_kl_loss(lp, lp, torch.tensor([1.0]), mask, ref, beta=0.1)
+    loss = loss_fn(lp, lp, torch.tensor([1.0]), mask, ref)
     assert math.isclose(loss.item(), -1.0 + 0.1 * kl, rel_tol=1e-6)
 
 

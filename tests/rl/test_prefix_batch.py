@@ -12,7 +12,7 @@ from forge_nb.live.builtin import builtin_loss
 from forge_nb.live.capture import compile_function
 from forge_nb.rl.batch import collate, token_logprobs
 from forge_nb.rl.prefix_batch import collate_prefix, completion_logprobs, prefix_logprobs
-from forge_nb.rl.train_step import policy_step
+from forge_nb.rl.train_step import policy_update
 
 
 @pytest.fixture(scope="module")
@@ -120,7 +120,7 @@ def test_an_optimizer_step_equals_the_full_sequence_step(model, loss):
     ):
         trained = copy.deepcopy(model)
         before = {n: p.detach().clone() for n, p in trained.named_parameters()}
-        metrics = policy_step(trained, torch.optim.SGD(trained.parameters(), lr=1.0), batch, loss_fn)
+        metrics, _ = policy_update(trained, torch.optim.SGD(trained.parameters(), lr=1.0), batch, loss_fn)
         results.append((metrics, {n: p.detach() - before[n] for n, p in trained.named_parameters()}))
     (prefix, prefix_delta), (full, full_delta) = results
     assert prefix["loss"] == pytest.approx(full["loss"], rel=1e-5)

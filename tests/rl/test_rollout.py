@@ -4,8 +4,8 @@ import math
 
 import pytest
 
-from forge_nb.engines.base import Completion
 from forge_nb.rewards.batch import Scores
+from forge_nb.rl.completion import Completion
 from forge_nb.rl.rollout import (
     EmptyTrainBatch,
     Rollout,

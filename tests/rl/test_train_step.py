@@ -1,4 +1,4 @@
-"""policy_step: leaving zero-advantage sequences out of the forward/backward changes nothing."""
+"""policy_update: leaving zero-advantage sequences out of the forward/backward changes nothing."""
 
 import copy
 import dataclasses
@@ -13,7 +13,7 @@ from forge_nb.live.capture import LiveCode, compile_function
 from forge_nb.models import BUNDLED_MODEL
 from forge_nb.rl.batch import collate
 from forge_nb.rl.prefix_batch import collate_prefix
-from forge_nb.rl.train_step import policy_step
+from forge_nb.rl.train_step import policy_update
 
 LOSSES = [
     AlgorithmConfig(loss="grpo"),
@@ -49,7 +49,7 @@ def _step(model, batch, loss_fn, skip: bool):
     trained = copy.deepcopy(model)
     before = {n: p.detach().clone() for n, p in trained.named_parameters()}
     optimizer = torch.optim.SGD(trained.parameters(), lr=1.0)
-    metrics = policy_step(trained, optimizer, batch, loss_fn, skip_zero_advantage=skip)
+    metrics, _ = policy_update(trained, optimizer, batch, loss_fn, skip_zero_advantage=skip)
     return metrics, {n: p.detach() - before[n] for n, p in trained.named_parameters()}
 
 
@@ -81,9 +81,9 @@ def test_a_batch_with_no_advantage_takes_its_usual_step_without_a_forward(model)
     for skip in (False, True):
         trained = copy.deepcopy(model)
         optimizer = torch.optim.AdamW(trained.parameters(), lr=1e-2)
-        policy_step(trained, optimizer, informative, loss_fn, skip_zero_advantage=skip)  # moments now non-zero
+        policy_update(trained, optimizer, informative, loss_fn, skip_zero_advantage=skip)  # moments now non-zero
         before = {n: p.detach().clone() for n, p in trained.named_parameters()}
-        policy_step(trained, optimizer, idle, loss_fn, skip_zero_advantage=skip)
+        policy_update(trained, optimizer, idle, loss_fn, skip_zero_advantage=skip)
         updates.append({n: p.detach() - before[n] for n, p in trained.named_parameters()})
     assert any(bool((d != 0).any()) for d in updates[0].values())  # AdamW did move on zero gradients
     for name, delta in updates[0].items():
