@@ -6,7 +6,8 @@ Version 0 is single-turn generation (no agent). `set_rollout(fn, tools=[...])` t
 will run: the env procs run it on a few probe rows with the generator serving the current policy,
 without making it live. A candidate whose every probe trajectory failed (raised, returned the wrong
 type) or none of which finished within the limits (`agent.*`) is refused, naming the version, the row,
-the turn and the cause; the live version stays. Otherwise it gets the next version and the env procs
+the turn and the cause; the live version stays (an environment may end every probe at the limits, as a
+game cut short does). Otherwise it gets the next version and the env procs
 swap to it between batches.
 """
 
@@ -111,7 +112,9 @@ class AgentRollouts:
         if failed and len(failed) == len(trajectories):
             t = failed[0]
             raise LiveCodeError(f"failed on every probe row; row {t.group} turn {len(t.turns)}: {t.error}")
-        if all(t.finish_reason in ("max_turns", "max_tokens") for t in trajectories):
+        # An environment may end at the limits as a game does (truncated); an agent loop that never returns
+        # on any probe row loops forever.
+        if agent.form == "rollout" and all(t.finish_reason in ("max_turns", "max_tokens") for t in trajectories):
             t = trajectories[0]
             raise LiveCodeError(
                 f"no probe trajectory finished within the limits (row {t.group}: {t.finish_reason} after "

@@ -25,6 +25,11 @@ class TokenBatch:
     advantages: torch.Tensor  # [B] float, one per sequence
     ref_logprobs: torch.Tensor | None = None  # [B, L-1] float, reference-model logprobs (when a reference runs)
 
+    @property
+    def loss_mask(self) -> torch.Tensor:
+        """[B, L-1]: the tokens the loss sees (every generated one: this batch has no multi-turn mask)."""
+        return self.completion_mask
+
     def select(self, rows: torch.Tensor) -> TokenBatch:
         """The sequences at `rows` ([K] long), same width."""
         picked = {k: (v[rows] if isinstance(v, torch.Tensor) else v) for k, v in self.__dict__.items()}

@@ -4,11 +4,12 @@ completion_ids, every column by name, trainer_state, and None meaning "no score 
 import math
 
 from forge_nb.live.capture import compile_function, from_source
-from forge_nb.live.validate import score_members, validate_reward
+from forge_nb.live.validate import validate_reward
 from forge_nb.rewards import Ensemble, agreement, judge
 from forge_nb.rewards.batch import RewardBatch, RewardSample, Scores
 from forge_nb.rewards.forms import is_batched
 from forge_nb.rewards.judge import render
+from forge_nb.rewards.scoring import score_members
 from forge_nb.rewards.trl_form import PROMPT_AS_GIVEN, TrainerState
 
 CHAT = [{"role": "user", "content": "What is 2 + 2?"}]
