@@ -28,8 +28,9 @@ JUDGE = ("verdicts_per_s", "latency_s")  # from "judge" rows: the judge's own th
 
 
 class Dashboard:
-    """Reward / accuracy, tokens/s, time per phase, refresh GB/s, judge verdicts/s and latency; versions and
-    staleness; buttons; below, the sample explorer, opened on a step by clicking a point of the reward curve."""
+    """Reward / accuracy, tokens/s, time per phase, refresh GB/s, judge verdicts/s and latency, an agent's
+    turns per trajectory and tool calls / errors; versions and staleness; buttons; below, the sample
+    explorer, opened on a step by clicking a point of the reward curve."""
 
     def __init__(self, session, max_hz: float = 4.0) -> None:
         self.session = session
@@ -114,7 +115,7 @@ class Dashboard:
             f"<span class='forge-versions'>policy <b class='forge-policy-generator'>v{generator}</b> serving"
             f" / v{trainer} trained (staleness {trainer - generator})"
             f" &middot; reward v{s.registry.live('reward').version}"
-            f" &middot; loss v{s.registry.live('loss').version}"
+            f" &middot; loss v{s.registry.live('loss').version}{_rollout_version(s)}"
             f" &middot; step {s.step_count} &middot; {state}{error}</span>"
         )
 
@@ -167,15 +168,17 @@ PLOTS = {
     (2, 2): ("refresh GB/s", ["refresh_gbps"]),
     (3, 1): ("judge verdicts/s", ["verdicts_per_s"]),
     (3, 2): ("judge latency per call (s)", ["latency_s"]),
+    (4, 1): ("agent: model calls per trajectory", ["turns"]),
+    (4, 2): ("agent: tool calls per step", ["tool_calls", "tool_errors"]),
 }
 
 
 def _figure() -> go.FigureWidget:
     fig = make_subplots(
-        rows=3,
+        rows=4,
         cols=2,
         horizontal_spacing=0.06,
-        vertical_spacing=0.1,
+        vertical_spacing=0.08,
         subplot_titles=[title for title, _ in PLOTS.values()],
     )
     legends = {}
@@ -200,7 +203,13 @@ def _figure() -> go.FigureWidget:
             trace = go.Scatter(x=[], y=[], name=label, meta=name, mode=mode, legend=legend, **kwargs)
             fig.add_trace(trace, row, col)
     # No fixed width: the figure takes the cell's width (JupyterLab's output area), with its legends.
-    fig.update_layout(height=780, autosize=True, margin={"l": 50, "r": 20, "t": 40, "b": 40}, **legends)
+    fig.update_layout(height=1000, autosize=True, margin={"l": 50, "r": 20, "t": 40, "b": 40}, **legends)
     fig.update_xaxes(tickformat="d")
-    fig.update_xaxes(title_text="step", row=3)
+    fig.update_xaxes(title_text="step", row=4)
     return go.FigureWidget(fig)
+
+
+def _rollout_version(session) -> str:
+    """ " · rollout vN" while an agent rollout is live (nothing for single-turn generation)."""
+    records = [r for r in session.registry.records if r.kind == "rollout" and r.status == "live"]
+    return f" &middot; rollout v{records[0].version}" if records and records[0].version else ""

@@ -11,6 +11,7 @@ tooltip.
 from __future__ import annotations
 
 import html
+import json
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -101,7 +102,10 @@ class Explorer:
             return
         row = self._step_rows[self._step_rows.sample_id == sample_id].iloc[0]
         pieces = [self.session.tokenizer.decode([t]) for t in row.completion_ids]
-        self.tokens.value = _tokens_html(pieces, list(row.logprobs), row.trainer_logprobs)
+        mask = getattr(row, "completion_mask", None)
+        self.tokens.value = _turns_html(getattr(row, "turns", None)) + _tokens_html(
+            pieces, list(row.logprobs), row.trainer_logprobs, None if mask is None else list(mask)
+        )
 
     def pin(self, prompt_id: str) -> None:
         """Follow `prompt_id` across steps: its samples of every step, with rewards."""
@@ -168,11 +172,32 @@ def _group_html(group: pd.DataFrame) -> str:
     )
 
 
-def _tokens_html(pieces: list[str], generator: list[float], trainer: Any) -> str:
-    """Each token on a background as red as |trainer - generator| logprob is large (0.5 nats: full)."""
+def _turns_html(turns: str | None) -> str:
+    """A trajectory turn by turn (model call: reply, tokens, reward, tool calls / errors); '' for one completion."""
+    if not turns:
+        return ""
+    rows = "".join(
+        f"<tr><td>{i}</td><td>{t['prompt_tokens']}</td><td>{t['completion_tokens']}</td><td>{t['finish_reason']}</td>"
+        f"<td>{t['reward']:g}</td><td>{t['tool_calls']}/{t['tool_errors']}</td><td>{html.escape(t['text'][:120])}</td></tr>"
+        for i, t in enumerate(json.loads(turns))
+    )
+    names = ("turn", "added", "generated", "finish", "reward", "tools/err", "reply")
+    head = "<tr>" + "".join(f"<th>{n}</th>" for n in names) + "</tr>"
+    return f"<table class='forge-turns'>{head}{rows}</table>"
+
+
+def _tokens_html(pieces: list[str], generator: list[float], trainer: Any, mask: list[int] | None = None) -> str:
+    """Each token on a background as red as |trainer - generator| logprob is large (0.5 nats: full); a
+    trajectory's masked tokens (tool results, environment messages, template glue) in grey, untrained."""
     trained = trainer is not None and len(trainer) == len(generator)
     spans = []
     for i, (piece, g) in enumerate(zip(pieces, generator)):
+        if mask is not None and not mask[i]:
+            spans.append(
+                f"<span class='forge-token-masked' title='masked: not trained' style='color: #888'>"
+                f"{html.escape(piece) or '&#9251;'}</span>"
+            )
+            continue
         t = float(trainer[i]) if trained else None
         gap = abs(t - g) if t is not None else 0.0
         shade = min(1.0, gap / 0.5)
