@@ -29,3 +29,18 @@ def shards(items: int, procs: int) -> list[slice]:
     """Contiguous, nearly equal slices of `items` for up to `procs` procs (none empty)."""
     chunk = -(-items // procs)
     return [slice(i * chunk, (i + 1) * chunk) for i in range(procs) if i * chunk < items]
+
+
+_replicas: dict[int, tuple[Any, list[Any]]] = {}
+
+
+def replica(mesh: Any, index: int, procs: int) -> Any:
+    """Proc `index` of an actor mesh of `procs` procs, for `call_one`: the mesh itself when it has one
+    proc, else its slice, made once per mesh (a slice costs ~1 ms to build: on every step it was a
+    measurable share of the orchestration)."""
+    if procs == 1:
+        return mesh
+    kept = _replicas.get(id(mesh))
+    if kept is None or kept[0] is not mesh:  # a replaced role's new mesh may reuse a freed id
+        kept = _replicas[id(mesh)] = (mesh, [mesh.slice(procs=i) for i in range(procs)])
+    return kept[1][index]

@@ -13,7 +13,7 @@ from typing import Any
 from forge_nb.actors.env import AgentCode, EnvSpec, EnvWorker
 from forge_nb.agents.trajectory import Trajectory
 from forge_nb.engines.base import SamplingParams
-from forge_nb.mesh.calls import shards, wait
+from forge_nb.mesh.calls import replica, shards, wait
 
 ROLE = "env"
 
@@ -67,7 +67,7 @@ class EnvPool:
             self.start()
         parts = shards(len(rows), self.procs)
         futures = [
-            self.actors.slice(procs=i).rollouts.call_one(rows[p], group_size, sampling, context, agent)
+            replica(self.actors, i, self.procs).rollouts.call_one(rows[p], group_size, sampling, context, agent)
             for i, p in enumerate(parts)
         ]
         trajectories = []

@@ -30,7 +30,7 @@ from forge_nb.live.capture import LiveCode
 from forge_nb.live.registry import Member
 from forge_nb.live.validate import LossProbe
 from forge_nb.mesh import supervision
-from forge_nb.mesh.calls import shards, wait
+from forge_nb.mesh.calls import replica, shards, wait
 from forge_nb.mesh.checker import ROLE as CHECKER
 from forge_nb.mesh.checker import Checker
 from forge_nb.mesh.envs import EnvPool
@@ -212,7 +212,9 @@ class Roles(Supervised):
     def _generate(self, prompts: list[str], sampling: SamplingParams) -> Generation:
         parts = shards(len(prompts), self.generator_procs)
         futures = [
-            self.generator.slice(procs=i).generate.call_one(prompts[part], _replica_sampling(sampling, i))
+            replica(self.generator, i, self.generator_procs).generate.call_one(
+                prompts[part], _replica_sampling(sampling, i)
+            )
             for i, part in enumerate(parts)
         ]
         results: list[Generation] = [wait(f) for f in futures]
@@ -230,7 +232,9 @@ class Roles(Supervised):
         parts = shards(len(batch), self.reward_procs)
 
         def call() -> list[tuple[slice, Scores]]:
-            futures = [self.rewards.slice(procs=i).score.call_one(batch.shard(p)) for i, p in enumerate(parts)]
+            futures = [
+                replica(self.rewards, i, self.reward_procs).score.call_one(batch.shard(p)) for i, p in enumerate(parts)
+            ]
             return [(part, wait(future)) for part, future in zip(parts, futures)]
 
         for _ in range(2):  # the second time only after judges that could not answer were restored
