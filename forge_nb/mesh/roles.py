@@ -84,58 +84,45 @@ class Roles(Supervised):
         """Start the mesh (this host's procs, or a Slurm job's nodes: `SlurmError` if that fails) and
         spawn every role on it; returns before the actors' constructors finish (`wait_ready`).
         `versions` is the session's record of policy versions: these roles keep it current."""
+        self.on_event, self.versions = on_event or (lambda role, what: None), versions
         supervision.install()  # failures reach the session, not the kernel's main thread
-        self.mesh = LocalMesh() if config.mesh.kind == "local" else SlurmMesh(config.slurm)
-        try:
-            self._spawn(config, engine, pad_id, rewards, loss, versions, on_event, start)
+        self.mesh = mesh = LocalMesh() if config.mesh.kind == "local" else SlurmMesh(config.slurm)
+        try:  # every role's actors on the mesh, from one spec each
+            m, self.kind = config.mesh, config.mesh.kind
+            self.reward_timeout_s, self.threads = config.live.timeout_s, m.threads_per_proc
+            self.info: dict[str, list[ActorInfo]] = {}  # filled by wait_ready
+            self.weights_transport: str | None = None  # set by attach_weights
+            self.engine, self.generator_procs, self.reward_procs = engine, m.generator_procs, m.reward_procs
+            self.transport = config.weights.transport
+            self._faults_seen, self._respawned_at = len(supervision.FAULTS), {}
+            self._recovering = threading.RLock()  # heal and respawn, one thread at a time (`mesh.recovery`)
+            self.restore_from: Callable[[], Path | None] | None = None  # the last checkpoint, to restore a trainer
+            self._generator_spec = GeneratorSpec.from_config(config, engine)
+            self._trainer_spec = TrainerSpec.from_config(config, pad_id, loss)
+            reward_version = 0
+            if start is not None:
+                self._generator_spec = dataclasses.replace(
+                    self._generator_spec, model_dir=start.generator_dir, version=self.versions.served
+                )
+                self._trainer_spec = dataclasses.replace(
+                    self._trainer_spec, resume_from=start.trainer_dir, loss_version=start.loss_version
+                )
+                reward_version = start.reward_version
+            self.generator = mesh.spawn("generator", Generator, self._generator_spec, procs=m.generator_procs)
+            self.trainer = mesh.spawn("trainer", Trainer, self._trainer_spec)
+            self._reward_set = (rewards, reward_version)  # the live set, for replacement procs
+            reward_spec = RewardSpec(rewards, reward_version, config.live.timeout_s, m.threads_per_proc)
+            self.rewards = mesh.spawn("reward", RewardWorker, reward_spec, procs=m.reward_procs)
+            self.reference = None
+            self._reference_spec = ReferenceSpec.from_config(config, pad_id)
+            if config.algorithm.kl_coef > 0:
+                self.reference = mesh.spawn("reference", Reference, self._reference_spec)
+            self.checker = Checker(mesh, 1, self._checker_replaced)
+            self.judges = JudgePool(self, config)  # judge actors, started when a reward first asks one
+            self.envs = EnvPool(self, EnvSpec.from_config(config), m.reward_procs, config.agent.timeout_s)
         except BaseException:
-            self.mesh.stop()
+            mesh.stop()
             raise
-
-    def _spawn(
-        self,
-        config: Config,
-        engine: str,
-        pad_id: int,
-        rewards: dict[str, Member],
-        loss: LiveCode,
-        versions: PolicyVersions,
-        on_event: Event | None,
-        start: StartFrom | None,
-    ) -> None:
-        m, mesh, self.kind, self.versions = config.mesh, self.mesh, config.mesh.kind, versions
-        self.on_event = on_event or (lambda role, what: None)
-        self.reward_timeout_s, self.threads = config.live.timeout_s, m.threads_per_proc
-        self.info: dict[str, list[ActorInfo]] = {}  # filled by wait_ready
-        self.weights_transport: str | None = None  # set by attach_weights
-        self.engine, self.generator_procs, self.reward_procs = engine, m.generator_procs, m.reward_procs
-        self.transport = config.weights.transport
-        self._faults_seen, self._respawned_at = len(supervision.FAULTS), {}
-        self._recovering = threading.RLock()  # heal and respawn, one thread at a time (`mesh.recovery`)
-        self.restore_from: Callable[[], Path | None] | None = None  # the last checkpoint, to restore a trainer
-        self._generator_spec = GeneratorSpec.from_config(config, engine)
-        self._trainer_spec = TrainerSpec.from_config(config, pad_id, loss)
-        reward_version = 0
-        if start is not None:
-            self._generator_spec = dataclasses.replace(
-                self._generator_spec, model_dir=start.generator_dir, version=versions.served
-            )
-            self._trainer_spec = dataclasses.replace(
-                self._trainer_spec, resume_from=start.trainer_dir, loss_version=start.loss_version
-            )
-            reward_version = start.reward_version
-        self.generator = mesh.spawn("generator", Generator, self._generator_spec, procs=m.generator_procs)
-        self.trainer = mesh.spawn("trainer", Trainer, self._trainer_spec)
-        self._reward_set = (rewards, reward_version)  # the live set, for replacement procs
-        reward_spec = RewardSpec(rewards, reward_version, config.live.timeout_s, m.threads_per_proc)
-        self.rewards = mesh.spawn("reward", RewardWorker, reward_spec, procs=m.reward_procs)
-        self.reference = None
-        self._reference_spec = ReferenceSpec.from_config(config, pad_id)
-        if config.algorithm.kl_coef > 0:
-            self.reference = mesh.spawn("reference", Reference, self._reference_spec)
-        self.checker = Checker(mesh, 1, self._checker_replaced)
-        self.judges = JudgePool(self, config)  # judge actors, started when a reward first asks one
-        self.envs = EnvPool(self, EnvSpec.from_config(config), m.reward_procs, config.agent.timeout_s)
 
     def stop(self) -> list[str]:
         """Stop every proc (and the Slurm job) -> errors, if any."""
