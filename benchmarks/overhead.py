@@ -4,7 +4,8 @@ Both sides do identical work per step -- generate P x G samples with the torch e
 with the task verifier, group-relative advantages, one GRPO optimizer step (both run each prompt once
 for its group and leave the zero-advantage rows out of the forward/backward), copy the new weights into
 the generator -- on the bundled model, with the same seeds and torch thread budget. The plain
-loop copies weights with a memcpy; the mesh moves them over Monarch RDMA between procs.
+loop copies weights with a memcpy; the mesh's generator copies them from the trainer's /dev/shm snapshot. The mesh's
+rollout log (every sample written to Parquet, which the plain loop does not do) is off unless `--log`.
 Blocks of steps alternate between the two so machine noise hits both alike.
 
     python benchmarks/overhead.py [--steps-per-block 25] [--blocks 4]
@@ -90,9 +91,12 @@ def main() -> None:
     parser.add_argument("--blocks", type=int, default=4)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--threads", type=int, default=2, help="torch threads, per process on both sides")
+    parser.add_argument(
+        "--log", action="store_true", help="keep the mesh's rollout log on (every sample to Parquet, in the kernel)"
+    )
     args = parser.parse_args()
 
-    config = Config().updated({"threads_per_proc": args.threads, "engine.name": "torch"})
+    config = Config().updated({"threads_per_proc": args.threads, "engine.name": "torch", "log.samples": args.log})
     torch.set_num_threads(args.threads)
     plain = PlainLoop(config)
     session = forge_nb.up(config)
@@ -114,6 +118,7 @@ def report(plain_rows: list[dict], mesh_rows: list[dict], config: Config) -> Non
     print(
         f"\nGRPO step, bundled model, {a.prompts_per_step} prompts x {a.group_size} samples, "
         f"{config.engine.max_tokens} max new tokens, {config.mesh.threads_per_proc} torch threads per process; "
+        f"mesh rollout log {'on' if config.log.samples else 'off (the plain loop keeps none; --log turns it on)'}; "
         f"{len(plain_rows)} steps each side, interleaved blocks\n"
     )
     print(f"{'phase (median s)':<18}{'plain loop':>12}{'forge_nb mesh':>15}{'ratio':>8}")
