@@ -12,18 +12,18 @@ class AgentConfig:
     """One trajectory ends at `max_turns` model calls ("max_turns") or when its tokens (every turn's
     prompt additions and replies, after the first prompt) would pass `max_total_tokens` ("max_tokens");
     each reply is at most `engine.max_tokens` long. A tool call gets `tool_timeout_s`; a whole batch of
-    rollouts `timeout_s` (past it the env procs are replaced and the step fails, saying so)."""
+    rollouts `batch_timeout_s` (past it the env procs are replaced and the step fails, saying so)."""
 
     max_turns: int = 4
     max_total_tokens: int = 1024
     tool_timeout_s: float = 10.0
-    timeout_s: float = 600.0
+    batch_timeout_s: float = 600.0
 
     def validate(self) -> None:
         if self.max_turns < 1:
             raise ConfigError(f"agent.max_turns must be >= 1, got {self.max_turns}")
         if self.max_total_tokens < 1:
             raise ConfigError(f"agent.max_total_tokens must be >= 1, got {self.max_total_tokens}")
-        for name in ("tool_timeout_s", "timeout_s"):
+        for name in ("tool_timeout_s", "batch_timeout_s"):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"agent.{name} must be > 0, got {getattr(self, name)}")

@@ -2,7 +2,7 @@
 
 One `EnvWorker` per reward proc count (`mesh.reward_procs`), each attached to the generator replicas;
 a batch's rows are split over them and their trajectories put back in row order. A batch that runs
-past `agent.timeout_s` replaces the env procs (a Python thread or coroutine that hangs cannot be
+past `agent.batch_timeout_s` replaces the env procs (a Python thread or coroutine that hangs cannot be
 stopped otherwise) and fails with a clear error; the step is not taken.
 """
 
@@ -78,9 +78,10 @@ class EnvPool:
                     trajectories.append(t)
         except TimeoutError:
             self.start()
-            self.roles.on_event(ROLE, f"agent rollouts ran past agent.timeout_s={self.timeout_s:g} s: procs replaced")
+            what = f"agent rollouts ran past agent.batch_timeout_s={self.timeout_s:g} s: procs replaced"
+            self.roles.on_event(ROLE, what)
             raise AgentTimeout(
-                f"agent rollouts of step {context.get('step')} did not finish within agent.timeout_s="
+                f"agent rollouts of step {context.get('step')} did not finish within agent.batch_timeout_s="
                 f"{self.timeout_s:g} s; the env procs were replaced and no step was taken"
             ) from None
         return trajectories

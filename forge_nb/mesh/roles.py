@@ -119,7 +119,7 @@ class Roles(Supervised):
                 self.reference = mesh.spawn("reference", Reference, self._reference_spec)
             self.checker = Checker(mesh, 1, self._checker_replaced)
             self.judges = JudgePool(self, config)  # judge actors, started when a reward first asks one
-            self.envs = EnvPool(self, EnvSpec.from_config(config), m.reward_procs, config.agent.timeout_s)
+            self.envs = EnvPool(self, EnvSpec.from_config(config), m.reward_procs, config.agent.batch_timeout_s)
         except BaseException:
             mesh.stop()
             raise
