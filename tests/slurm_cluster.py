@@ -45,12 +45,16 @@ class LocalSlurm:
         for d in ("munge", "state", "spool", "log"):
             (self.root / d).mkdir(parents=True, exist_ok=True)
         (self.root / "munge").chmod(0o700)
-        self._start_munge()
-        self.conf.write_text(self._slurm_conf())
-        os.environ["SLURM_CONF"] = str(self.conf)
-        self._spawn(["slurmctld", "-D", "-i", "-f", str(self.conf)], "slurmctld")
-        self._spawn(["slurmd", "-D", "-f", str(self.conf)], "slurmd")
-        self._wait_idle(timeout)
+        try:
+            self._start_munge()
+            self.conf.write_text(self._slurm_conf())
+            os.environ["SLURM_CONF"] = str(self.conf)
+            self._spawn(["slurmctld", "-D", "-i", "-f", str(self.conf)], "slurmctld")
+            self._spawn(["slurmd", "-D", "-f", str(self.conf)], "slurmd")
+            self._wait_idle(timeout)
+        except BaseException:  # a cluster that did not come up leaves no daemon behind (e.g. its port was taken)
+            self._stop_daemons()
+            raise
         return self
 
     def _start_munge(self) -> None:
@@ -194,6 +198,11 @@ PartitionName=small Nodes={self.node} Default=NO MaxTime=INFINITE State=UP OverS
         to this cluster)."""
         subprocess.run(["scancel", "--full", "--user", "root"], capture_output=True)
         self.wait_no_jobs()
+        self._stop_daemons()
+        self._kill_stray_steps()
+
+    def _stop_daemons(self) -> None:
+        """Stop the daemons this cluster started (and put SLURM_CONF back)."""
         for p in reversed(self.procs):
             p.terminate()
         for p in reversed(self.procs):
@@ -202,7 +211,6 @@ PartitionName=small Nodes={self.node} Default=NO MaxTime=INFINITE State=UP OverS
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait()
-        self._kill_stray_steps()
         if self._old_conf is None:
             os.environ.pop("SLURM_CONF", None)
         else:
