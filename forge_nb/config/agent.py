@@ -9,8 +9,8 @@ from forge_nb.config.sections import ConfigError
 
 @dataclass
 class AgentConfig:
-    """One trajectory ends at `max_turns` model calls ("max_turns") or when its tokens (every turn's
-    prompt additions and replies, after the first prompt) would pass `max_total_tokens` ("max_tokens");
+    """One trajectory ends at `max_turns` model calls ("max_turns") or when its tokens (the first prompt,
+    tools block included, and every turn's additions and replies) would pass `max_total_tokens` ("max_tokens");
     each reply is at most `engine.max_tokens` long. A tool call gets `tool_timeout_s`; a whole batch of
     rollouts `batch_timeout_s` (past it the env procs are replaced and the step fails, saying so)."""
 

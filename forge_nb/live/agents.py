@@ -118,7 +118,8 @@ class AgentRollouts:
             t = trajectories[0]
             raise LiveCodeError(
                 f"no probe trajectory finished within the limits (row {t.group}: {t.finish_reason} after "
-                f"{len(t.turns)} turns, {t.num_tokens} tokens; see agent.max_turns / agent.max_total_tokens)"
+                f"{len(t.turns)} turns, {t.num_tokens} tokens; see agent.max_turns / agent.max_total_tokens, which "
+                "counts the first prompt and its tools block too)"
             )
         return {
             "seconds": time.perf_counter() - start,
