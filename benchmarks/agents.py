@@ -10,8 +10,9 @@ held-out row as a trajectory of the agent (`s.evaluate()`).
 
 Both sides: P prompts x G trajectories per optimizer step, temperature 1, at most `--max-tokens` new tokens per model
 call, at most `--max-turns` model calls per trajectory (TRL: `max_tool_calling_iterations` = max turns - 1, its first
-generation plus one per round of tool results), at most `--max-total-tokens` tokens after the first prompt (replies,
-tool results and the template's glue: forge_nb's `agent.max_total_tokens`, TRL's `max_completion_length`), the GRPO
+generation plus one per round of tool results), at most `--max-completion-tokens` tokens after the first prompt
+(replies, tool results and the template's glue; TRL's `max_completion_length`; forge_nb's `agent.max_total_tokens`
+counts the first prompt too, so it is set to the longest first prompt of the data plus this budget), the GRPO
 loss (sequence-level, ratio clip 0.2, group-normalised advantages, no KL), tool results and glue masked out of the
 loss, AdamW at `--lr`, grad-norm clip 1.0, float32 on the CPU. The same prompt tokens: SmolLM2's chat template renders
 no tools, so forge_nb writes them Hermes-style into the system prompt (`<tools>` block, `<tool_call>` JSON, tool
@@ -89,6 +90,19 @@ def data(args: argparse.Namespace) -> tuple[list[dict], list[dict]]:
     return train, [r for r in others if r["prompt"][-1]["content"] not in seen][: args.heldout]
 
 
+def longest_prompt(rows: list[dict]) -> int:
+    """The most tokens of a first prompt (with the tools block) among `rows`, as forge_nb renders it."""
+    from transformers import AutoTokenizer
+
+    from forge_nb.agents.tool_calls import render
+    from forge_nb.agents.tools import ToolSet
+    from forge_nb.models import resolve_model
+
+    tokenizer, schemas = AutoTokenizer.from_pretrained(str(resolve_model(MODEL))), ToolSet([calculator]).schemas
+    texts = [render(tokenizer, r["prompt"], schemas) for r in rows]
+    return max(len(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"])
+
+
 def forge_nb_run(args: argparse.Namespace, train: list[dict], heldout: list[dict]) -> dict:
     """Evaluate, train for `args.minutes`, evaluate; then time steps without the zero-advantage skip."""
     s = forge_nb.up(
@@ -100,7 +114,7 @@ def forge_nb_run(args: argparse.Namespace, train: list[dict], heldout: list[dict
         group_size=args.group,
         max_tokens=args.max_tokens,
         max_turns=args.max_turns,
-        max_total_tokens=args.max_total_tokens,
+        max_total_tokens=args.longest_prompt + args.max_completion_tokens,
         temperature=args.temperature,
         lr=args.lr,
         loss="grpo",
@@ -216,7 +230,7 @@ def trl_run(args: argparse.Namespace, train: list[dict]) -> dict:
         logging_steps=10_000,
         per_device_train_batch_size=args.prompts * args.group,
         num_generations=args.group,
-        max_completion_length=args.max_total_tokens,
+        max_completion_length=args.max_completion_tokens,
         generation_kwargs={"max_new_tokens": args.max_tokens},  # per model call, as forge_nb's engine.max_tokens
         max_tool_calling_iterations=args.max_turns - 1,
         temperature=args.temperature,
@@ -269,7 +283,7 @@ def main() -> None:
     parser.add_argument("--top", type=int, default=40, help="largest number in the problems")
     parser.add_argument("--max-tokens", type=int, default=48, help="new tokens per model call")
     parser.add_argument("--max-turns", type=int, default=3, help="model calls per trajectory")
-    parser.add_argument("--max-total-tokens", type=int, default=192, help="tokens per trajectory after its prompt")
+    parser.add_argument("--max-completion-tokens", type=int, default=192, help="tokens per trajectory after its prompt")
     parser.add_argument("--lr", type=float, default=2e-5)
     parser.add_argument("--train", type=int, default=400)
     parser.add_argument("--heldout", type=int, default=50)
@@ -282,6 +296,7 @@ def main() -> None:
     parser.add_argument("--show", action="store_true", help="print one TRL trajectory")
     args = parser.parse_args()
     train, heldout = data(args)
+    args.longest_prompt = longest_prompt(train + heldout)
     ours = forge_nb_run(args, train, heldout)
     torch.set_num_threads(args.threads)
     trl = trl_run(args, train)
@@ -289,7 +304,8 @@ def main() -> None:
     print(
         f"\n{MODEL}, calculator tool on word problems ({len(train)} train, {len(heldout)} held out), "
         f"{args.prompts} prompts x {args.group} trajectories per step, <= {args.max_turns} model calls x "
-        f"{args.max_tokens} new tokens, <= {args.max_total_tokens} tokens per trajectory, GRPO, lr {args.lr:g}, "
+        f"{args.max_tokens} new tokens, <= {args.max_completion_tokens} tokens per trajectory after its prompt, "
+        f"GRPO, lr {args.lr:g}, "
         f"float32 CPU, {args.threads} threads per proc, forge_nb {args.engine} engine\n"
     )
     print(
