@@ -1,14 +1,73 @@
 """Suite-wide settings (tests/ and notebooks/): sessions use the plain-torch engine unless a test asks
 for vLLM by name, so the suite does not pay vLLM's ~45 s start for every session; run directories
 (rollout logs, trackers, periodic checkpoints) go to a temporary folder removed at the end, not into
-the checkout. Kernels started by the tests inherit both."""
+the checkout (run ids carry the pid, so parallel workers share it safely). Kernels started by the tests
+inherit both.
+
+How the suite is split (README, "The test suite"): every item gets, at collection, the markers below and
+an xdist group, so a new test file needs no opt-in.
+
+- group: its own file (a module's fixtures, e.g. its one mesh, start once, on one worker; a notebook's
+  cells run in order in one kernel), but every item that starts the one-node Slurm (fixed ports) shares
+  the group "slurm", so two clusters never run at once. `make test` runs `pytest -n 2 --dist loadgroup`.
+- markers: `tutorial` (a notebook cell under nbval), `slurm` (starts the local Slurm), `browser`
+  (JupyterLab in Chromium); `make test-fast` deselects those and `slow`.
+"""
 
 import atexit
 import os
 import shutil
 import tempfile
+from pathlib import Path
+
+import pytest
 
 os.environ.setdefault("FORGE_NB_ENGINE", "torch")
 if "FORGE_NB_RUNS" not in os.environ:
     os.environ["FORGE_NB_RUNS"] = _runs = tempfile.mkdtemp(prefix="forge_nb-runs-")
     atexit.register(shutil.rmtree, _runs, ignore_errors=True)
+
+MARKERS = {
+    "tutorial": "a tutorial's cell, executed by nbval (make test-fast leaves these out)",
+    "slurm": "starts the one-node Slurm of tests/slurm_cluster.py (one at a time: fixed ports)",
+    "browser": "JupyterLab in Chromium (Playwright)",
+}
+# What, in a test file's or notebook's text, says that it starts a Slurm or a browser.
+SLURM_SIGNS = ("LocalSlurm", "slurm_cluster")
+BROWSER_SIGNS = ("playwright", "chromium")
+
+
+def pytest_configure(config):
+    for name, text in MARKERS.items():
+        config.addinivalue_line("markers", f"{name}: {text}")
+
+
+def _source(path: Path, cache: dict[Path, str]) -> str:
+    if path not in cache:
+        try:
+            cache[path] = path.read_text(errors="replace")
+        except OSError:
+            cache[path] = ""
+    return cache[path]
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-random-order's, which reads `random_order` markers
+def pytest_collection_modifyitems(config, items):
+    cache: dict[Path, str] = {}
+    groups: dict[Path, str] = {}  # a file's group: a module's fixtures must start on one worker only
+    for item in items:
+        path = Path(str(item.path))
+        text = _source(path, cache)
+        if path.suffix == ".ipynb":
+            item.add_marker(pytest.mark.tutorial)
+            item.add_marker(pytest.mark.random_order(disabled=True))  # a notebook's cells run top to bottom
+        if "slurm" in getattr(item, "fixturenames", ()) or any(s in text for s in SLURM_SIGNS):
+            item.add_marker(pytest.mark.slurm)
+            groups[path] = "slurm"
+        if any(s in text for s in BROWSER_SIGNS):
+            item.add_marker(pytest.mark.browser)
+        groups.setdefault(
+            path, path.relative_to(config.rootpath).as_posix() if path.is_relative_to(config.rootpath) else str(path)
+        )
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(groups[Path(str(item.path))]))
