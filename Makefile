@@ -61,9 +61,10 @@ PYTEST_ARGS ?=
 test: lint system-deps $(LABEXT_BUILT)
 	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
-# The inner loop (under 5 minutes): tests/ without the tutorials, Slurm, the browser and `slow` tests.
+# The inner loop (under 5 minutes): tests/ without the tutorials, Slurm, the browser, files that start a mesh and
+# `slow` tests (markers set in conftest.py).
 test-fast: $(STAMP)
-	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadgroup -m "not slow and not tutorial and not slurm and not browser" \
+	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadgroup -m "not (slow or tutorial or slurm or browser or mesh)" \
 		$(PYTEST_ARGS) tests
 
 # Execute every tutorial in place (a fresh kernel each, from notebooks/), so the stored outputs are a real

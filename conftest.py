@@ -11,11 +11,12 @@ an xdist group, so a new test file needs no opt-in.
   cells run in order in one kernel), but every item that starts the one-node Slurm (fixed ports) shares
   the group "slurm", so two clusters never run at once. `make test` runs `pytest -n 2 --dist loadgroup`.
 - markers: `tutorial` (a notebook cell under nbval), `slurm` (starts the local Slurm), `browser`
-  (JupyterLab in Chromium); `make test-fast` deselects those and `slow`.
+  (JupyterLab in Chromium), `mesh` (its file starts a local mesh); `make test-fast` deselects those and `slow`.
 """
 
 import atexit
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -31,10 +32,12 @@ MARKERS = {
     "tutorial": "a tutorial's cell, executed by nbval (make test-fast leaves these out)",
     "slurm": "starts the one-node Slurm of tests/slurm_cluster.py (one at a time: fixed ports)",
     "browser": "JupyterLab in Chromium (Playwright)",
+    "mesh": "in a file that starts a local Monarch mesh (forge_nb.up / resume, %forge up, the `session` fixture)",
 }
 # What, in a test file's or notebook's text, says that it starts a Slurm or a browser.
 SLURM_SIGNS = ("LocalSlurm", "slurm_cluster")
 BROWSER_SIGNS = ("playwright", "chromium")
+MESH_SIGNS = re.compile(r"forge_nb\.(up|resume)\(|%forge up|(?<![\w.])(up|resume)\(|\bsession\)")
 
 
 def pytest_configure(config):
@@ -66,6 +69,8 @@ def pytest_collection_modifyitems(config, items):
             groups[path] = "slurm"
         if any(s in text for s in BROWSER_SIGNS):
             item.add_marker(pytest.mark.browser)
+        if path.suffix == ".py" and MESH_SIGNS.search(text):
+            item.add_marker(pytest.mark.mesh)
         groups.setdefault(
             path, path.relative_to(config.rootpath).as_posix() if path.is_relative_to(config.rootpath) else str(path)
         )
