@@ -40,6 +40,33 @@ BROWSER_SIGNS = ("playwright", "chromium")
 MESH_SIGNS = re.compile(r"forge_nb\.(up|resume)\(|%forge up|(?<![\w.])(up|resume)\(|\bsession\)")
 
 
+SLURM_FIXTURE = re.compile(r"def test_\w*\([^)]*\bslurm\b")
+
+
+def file_group(path: Path, root: Path, cache: dict[Path, str]) -> str:
+    """The xdist group of every item of the file `path`: "slurm" if it starts the local Slurm (its text
+    says so, or a test of it asks for the `slurm` fixture), else the file itself."""
+    text = _source(path, cache)
+    if any(s in text for s in SLURM_SIGNS) or SLURM_FIXTURE.search(text):
+        return "slurm"
+    return path.relative_to(root).as_posix() if path.is_relative_to(root) else str(path)
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """xdist's own `--dist loadgroup` does not group with pytest 9 here (the `@group` it appends to node
+    ids is lost), so the scheduler is xdist's loadscope with file_group() as the scope: one file, or the
+    "slurm" group, to one worker at a time."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    cache: dict[Path, str] = {}
+
+    class FileGroupScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return file_group(config.rootpath / nodeid.split("::", 1)[0], config.rootpath, cache)
+
+    return FileGroupScheduling(config, log)
+
+
 def pytest_configure(config):
     for name, text in MARKERS.items():
         config.addinivalue_line("markers", f"{name}: {text}")
@@ -71,8 +98,6 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.browser)
         if path.suffix == ".py" and MESH_SIGNS.search(text):
             item.add_marker(pytest.mark.mesh)
-        groups.setdefault(
-            path, path.relative_to(config.rootpath).as_posix() if path.is_relative_to(config.rootpath) else str(path)
-        )
+        groups.setdefault(path, file_group(path, config.rootpath, cache))
     for item in items:
         item.add_marker(pytest.mark.xdist_group(groups[Path(str(item.path))]))
