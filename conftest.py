@@ -9,7 +9,8 @@ an xdist group, so a new test file needs no opt-in.
 
 - group: its own file (a module's fixtures, e.g. its one mesh, start once, on one worker; a notebook's
   cells run in order in one kernel), but every item that starts the one-node Slurm (fixed ports) shares
-  the group "slurm", so two clusters never run at once. `make test` runs `pytest -n 2 --dist loadgroup`.
+  the group "slurm", so two clusters never run at once. `make test` runs `pytest -n 2 --dist loadgroup`;
+  pytest_xdist_make_scheduler below hands out whole groups (xdist's own loadgroup does not, see there).
 - markers: `tutorial` (a notebook cell under nbval), `slurm` (starts the local Slurm), `browser`
   (JupyterLab in Chromium), `mesh` (its file starts a local mesh); `make test-fast` deselects those and `slow`.
 """
