@@ -92,6 +92,8 @@ def pytest_collection_modifyitems(config, items):
         if path.suffix == ".ipynb":
             item.add_marker(pytest.mark.tutorial)
             item.add_marker(pytest.mark.random_order(disabled=True))  # a notebook's cells run top to bottom
+            # A long cell (01's step(1000)) ran past the 600 s default on 2 loaded cores; nbval's own limit is 2000 s.
+            item.add_marker(pytest.mark.timeout(1800))
         if "slurm" in getattr(item, "fixturenames", ()) or any(s in text for s in SLURM_SIGNS):
             item.add_marker(pytest.mark.slurm)
             groups[path] = "slurm"
