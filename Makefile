@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 LABEXT := extensions/jupyterlab-forge
 LABEXT_BUILT := forge_nb/labextension/package.json
 
-.PHONY: demo test lint system-deps bench-overhead bench-deps clean labextension notebooks
+.PHONY: demo test test-fast lint system-deps bench-overhead bench-deps clean labextension notebooks
 
 # vLLM's CPU build here and in CI; its GPU build where nvidia-smi finds a GPU (`make VLLM=vllm-gpu` to force;
 # `make VLLM=none` for no vLLM: the torch engine serves every model, e.g. on Python 3.12 / 3.13 where vLLM's CPU
@@ -52,8 +52,20 @@ system-deps:
 	@command -v chromium >/dev/null && command -v slurmctld >/dev/null && command -v munged >/dev/null || \
 		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium slurm-wlm munge >/dev/null)
 
+# The whole suite, in TEST_WORKERS pytest-xdist workers (2: CI's and this machine's cores). Each test file is one
+# group, on one worker (its module fixtures start once); everything that starts the local Slurm is one group
+# ("slurm": fixed ports); conftest.py assigns both at collection. `make test PYTEST_ARGS=...` passes options on,
+# e.g. PYTEST_ARGS="--random-order-seed=1234" for a random order.
+TEST_WORKERS ?= 2
+PYTEST_ARGS ?=
 test: lint system-deps $(LABEXT_BUILT)
-	$(BIN)/pytest
+	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
+
+# The inner loop (under 5 minutes): tests/ without the tutorials, Slurm, the browser, files that start a mesh and
+# `slow` tests (markers set in conftest.py).
+test-fast: $(STAMP)
+	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadgroup -m "not (slow or tutorial or slurm or browser or mesh)" \
+		$(PYTEST_ARGS) tests
 
 # Execute every tutorial in place (a fresh kernel each, from notebooks/), so the stored outputs are a real
 # run's; prints each one's wall-clock time. The suite runs them too (nbval), without writing them back.

@@ -1,14 +1,106 @@
 """Suite-wide settings (tests/ and notebooks/): sessions use the plain-torch engine unless a test asks
 for vLLM by name, so the suite does not pay vLLM's ~45 s start for every session; run directories
 (rollout logs, trackers, periodic checkpoints) go to a temporary folder removed at the end, not into
-the checkout. Kernels started by the tests inherit both."""
+the checkout (run ids carry the pid, so parallel workers share it safely). Kernels started by the tests
+inherit both.
+
+How the suite is split (README, "The test suite"): every item gets, at collection, the markers below and
+an xdist group, so a new test file needs no opt-in.
+
+- group: its own file (a module's fixtures, e.g. its one mesh, start once, on one worker; a notebook's
+  cells run in order in one kernel), but every item that starts the one-node Slurm (fixed ports) shares
+  the group "slurm", so two clusters never run at once. `make test` runs `pytest -n 2 --dist loadgroup`;
+  pytest_xdist_make_scheduler below hands out whole groups (xdist's own loadgroup does not, see there).
+- markers: `tutorial` (a notebook cell under nbval), `slurm` (starts the local Slurm), `browser`
+  (JupyterLab in Chromium), `mesh` (its file starts a local mesh); `make test-fast` deselects those and `slow`.
+"""
 
 import atexit
 import os
+import re
 import shutil
 import tempfile
+from pathlib import Path
+
+import pytest
 
 os.environ.setdefault("FORGE_NB_ENGINE", "torch")
 if "FORGE_NB_RUNS" not in os.environ:
     os.environ["FORGE_NB_RUNS"] = _runs = tempfile.mkdtemp(prefix="forge_nb-runs-")
     atexit.register(shutil.rmtree, _runs, ignore_errors=True)
+
+MARKERS = {
+    "tutorial": "a tutorial's cell, executed by nbval (make test-fast leaves these out)",
+    "slurm": "starts the one-node Slurm of tests/slurm_cluster.py (one at a time: fixed ports)",
+    "browser": "JupyterLab in Chromium (Playwright)",
+    "mesh": "in a file that starts a local Monarch mesh (forge_nb.up / resume, %forge up, the `session` fixture)",
+}
+# What, in a test file's or notebook's text, says that it starts a Slurm or a browser.
+SLURM_SIGNS = ("LocalSlurm", "slurm_cluster")
+BROWSER_SIGNS = ("playwright", "chromium")
+MESH_SIGNS = re.compile(r"forge_nb\.(up|resume)\(|%forge up|(?<![\w.])(up|resume)\(|\bsession\)")
+
+
+SLURM_FIXTURE = re.compile(r"def test_\w*\([^)]*\bslurm\b")
+
+
+def file_group(path: Path, root: Path, cache: dict[Path, str]) -> str:
+    """The xdist group of every item of the file `path`: "slurm" if it starts the local Slurm (its text
+    says so, or a test of it asks for the `slurm` fixture), else the file itself."""
+    text = _source(path, cache)
+    if any(s in text for s in SLURM_SIGNS) or SLURM_FIXTURE.search(text):
+        return "slurm"
+    return path.relative_to(root).as_posix() if path.is_relative_to(root) else str(path)
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """xdist's own `--dist loadgroup` does not group with pytest 9 here (the `@group` it appends to node
+    ids is lost), so the scheduler is xdist's loadscope with file_group() as the scope: one file, or the
+    "slurm" group, to one worker at a time."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    cache: dict[Path, str] = {}
+
+    class FileGroupScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return file_group(config.rootpath / nodeid.split("::", 1)[0], config.rootpath, cache)
+
+    return FileGroupScheduling(config, log)
+
+
+def pytest_configure(config):
+    for name, text in MARKERS.items():
+        config.addinivalue_line("markers", f"{name}: {text}")
+
+
+def _source(path: Path, cache: dict[Path, str]) -> str:
+    if path not in cache:
+        try:
+            cache[path] = path.read_text(errors="replace")
+        except OSError:
+            cache[path] = ""
+    return cache[path]
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-random-order's, which reads `random_order` markers
+def pytest_collection_modifyitems(config, items):
+    cache: dict[Path, str] = {}
+    groups: dict[Path, str] = {}  # a file's group: a module's fixtures must start on one worker only
+    for item in items:
+        path = Path(str(item.path))
+        text = _source(path, cache)
+        if path.suffix == ".ipynb":
+            item.add_marker(pytest.mark.tutorial)
+            item.add_marker(pytest.mark.random_order(disabled=True))  # a notebook's cells run top to bottom
+            # A long cell (01's step(1000)) ran past the 600 s default on 2 loaded cores; nbval's own limit is 2000 s.
+            item.add_marker(pytest.mark.timeout(1800))
+        if "slurm" in getattr(item, "fixturenames", ()) or any(s in text for s in SLURM_SIGNS):
+            item.add_marker(pytest.mark.slurm)
+            groups[path] = "slurm"
+        if any(s in text for s in BROWSER_SIGNS):
+            item.add_marker(pytest.mark.browser)
+        if path.suffix == ".py" and MESH_SIGNS.search(text):
+            item.add_marker(pytest.mark.mesh)
+        groups.setdefault(path, file_group(path, config.rootpath, cache))
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(groups[Path(str(item.path))]))

@@ -1,14 +1,26 @@
 """binder/ alone builds an environment that runs the quickstart: a copy of the repository (what a clone has),
 a fresh virtualenv of binder/runtime.txt's Python, `pip install -r binder/requirements.txt` from the copy's root,
 then `binder/postBuild`, as repo2docker does; then tutorial 01 executes in that environment's own kernel
-(`jupyter nbconvert --execute`, which stops at the first cell that raises)."""
+(`jupyter nbconvert --execute`, which stops at the first cell that raises).
+
+The build is cached (~/.cache/forge_nb/test-binder/<key>, or $FORGE_NB_TEST_CACHE) under a key that hashes
+everything the build reads: binder/, pyproject.toml (the dependencies of `-e .[models,notebooks]`) and the
+sidebar's sources (extensions/jupyterlab-forge, which postBuild builds). A change to any of them builds afresh,
+as does FORGE_NB_BINDER_REBUILD=1. On a hit the copy's files are replaced by this checkout's (the editable
+install then imports the current forge_nb; build outputs, which a clone lacks, stay) and every check below
+runs again on the cached environment, then the tutorial."""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import hashlib
 import json
 import os
 import shutil
 import subprocess
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import nbformat
@@ -16,13 +28,18 @@ import pytest
 
 from tests.conftest import wait_no_children
 
-pytestmark = pytest.mark.slow
+# A build (no cache) is ~8 min on 2 loaded cores, the tutorial ~3 more: past the suite's 600 s default.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
 
 ROOT = Path(__file__).resolve().parents[1]
 TUTORIAL = "01_quickstart.ipynb"  # in notebooks/, where it runs
 
 
-def checkout(dest: Path) -> Path:
+BUILD_INPUTS = ("binder/", "pyproject.toml", "extensions/jupyterlab-forge/")  # what the build reads
+MANIFEST = ".binder-test-files"  # in a cached copy: the files checkout() put there
+
+
+def clone_files() -> list[str]:
     """The repository's files as a clone of this working tree would have them: tracked and untracked
     files, less what .gitignore ignores (no .venv, no built extension, no node_modules)."""
     listed = subprocess.run(
@@ -31,12 +48,31 @@ def checkout(dest: Path) -> Path:
         capture_output=True,
         check=True,
     ).stdout.split(b"\0")
-    for name in filter(None, (n.decode() for n in listed)):
-        source = ROOT / name
-        if source.is_file():
-            (dest / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(source, dest / name)
+    return sorted(n for n in (n.decode() for n in listed) if n and (ROOT / n).is_file())
+
+
+def checkout(dest: Path) -> Path:
+    """Copy the clone's files into `dest`, replacing the files an earlier checkout() put there (what the
+    build added, e.g. the built extension and node_modules, stays)."""
+    old = dest / MANIFEST
+    if old.exists():
+        for name in old.read_text().splitlines():
+            (dest / name).unlink(missing_ok=True)
+    names = clone_files()
+    for name in names:
+        (dest / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(ROOT / name, dest / name)
+    (dest / MANIFEST).write_text("\n".join(names))
     return dest
+
+
+def build_key() -> str:
+    """A hash of every file the build reads (their names and contents) and of the Python it uses."""
+    digest = hashlib.sha256((ROOT / "binder" / "runtime.txt").read_bytes())
+    for name in clone_files():
+        if name.startswith(BUILD_INPUTS):
+            digest.update(name.encode() + b"\0" + (ROOT / name).read_bytes() + b"\0")
+    return digest.hexdigest()[:16]
 
 
 def binder_env(venv: Path, home: Path) -> dict[str, str]:
@@ -61,9 +97,11 @@ def run(cmd: list[str], cwd: Path, env: dict[str, str], timeout: float) -> str:
     return out.stdout + out.stderr
 
 
-def test_binder_files_build_an_environment_that_runs_tutorial_01(tmp_path):
-    repo, venv, home = checkout(tmp_path / "repo"), tmp_path / "venv", tmp_path / "home"
-    home.mkdir()
+def build(root: Path) -> tuple[Path, Path, dict[str, str]]:
+    """A copy of the repository at `root`/repo, with the binder environment built for it in `root`/venv
+    (HOME `root`/home) -> (repo, venv, env)."""
+    repo, venv, home = checkout(root / "repo"), root / "venv", root / "home"
+    home.mkdir(exist_ok=True)
     version = (repo / "binder" / "runtime.txt").read_text().strip().removeprefix("python-")
     python = shutil.which(f"python{version}")
     assert python, f"binder/runtime.txt asks for Python {version}, which is not on PATH here"
@@ -71,7 +109,42 @@ def test_binder_files_build_an_environment_that_runs_tutorial_01(tmp_path):
     run([python, "-m", "venv", str(venv)], repo, env, 120)
     run(["python", "-m", "pip", "install", "--quiet", "-r", "binder/requirements.txt"], repo, env, 1500)
     run(["bash", "binder/postBuild"], repo, env, 900)
+    return repo, venv, env
 
+
+@contextlib.contextmanager
+def cached_build() -> Iterator[tuple[Path, Path, dict[str, str]]]:
+    """build() once per build key (see the module's docstring); a hit re-copies the repository's files.
+    Holds a lock on the entry while the test uses it (other checkouts on this machine share the cache);
+    entries unused for a week go."""
+    cache = Path(os.environ.get("FORGE_NB_TEST_CACHE", Path.home() / ".cache" / "forge_nb")) / "test-binder"
+    cache.mkdir(parents=True, exist_ok=True)
+    key = build_key()
+    with open(cache / f"{key}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        for stale in cache.glob("*.lock"):
+            if stale.stem != key and time.time() - stale.stat().st_mtime > 7 * 86400:
+                shutil.rmtree(cache / stale.stem, ignore_errors=True)
+                stale.unlink(missing_ok=True)
+        entry = cache / key
+        if os.environ.get("FORGE_NB_BINDER_REBUILD") == "1" or not (entry / "built").exists():
+            shutil.rmtree(entry, ignore_errors=True)
+            entry.mkdir()
+            built = build(entry)
+            (entry / "built").touch()  # the checks below run on every use, hit or not
+            yield built
+        else:
+            repo, venv, home = checkout(entry / "repo"), entry / "venv", entry / "home"
+            yield repo, venv, binder_env(venv, home)
+
+
+def test_binder_files_build_an_environment_that_runs_tutorial_01(tmp_path):
+    with cached_build() as (repo, venv, env):
+        check_environment_and_run_tutorial(repo, venv, env, tmp_path)
+    assert wait_no_children() == []
+
+
+def check_environment_and_run_tutorial(repo: Path, venv: Path, env: dict[str, str], tmp_path: Path) -> None:
     # The kernel is this environment's Python, JupyterLab sees the forge sidebar, and no vLLM is in it.
     listed = subprocess.run(
         ["python", "-m", "jupyter", "kernelspec", "list", "--json"], cwd=repo, env=env, capture_output=True
@@ -102,4 +175,3 @@ def test_binder_files_build_an_environment_that_runs_tutorial_01(tmp_path):
     cells = nbformat.read(executed, as_version=4).cells
     errors = [o for c in cells if c.cell_type == "code" for o in c.outputs if o.output_type == "error"]
     assert errors == [] and all(c.execution_count for c in cells if c.cell_type == "code")
-    assert wait_no_children() == []

@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 
 import pytest
 
@@ -17,31 +18,57 @@ from tests.conftest import wait_gone, wait_no_children
 pytestmark = pytest.mark.slow  # SmolLM2-135M-Instruct judges
 
 
+@dataclass
+class JudgeStart:
+    """What `set_reward(judge(...))` did on the module's session: was a judge up before, the version it
+    returned, and how long it took."""
+
+    judge_before: bool
+    version: int
+    live_version: int  # the live reward version right after the call
+    seconds: float
+
+
 @pytest.fixture(scope="module")
-def s():
+def started():
+    """The module's one session, with the judge reward set (which starts the judge actor) before any test
+    runs, so every test sees the same session whatever ran before it: the start itself is measured here
+    and checked by the test that is about it."""
     # A 0.5 s reward timeout: far less than the judge takes, which must not count against it.
     session = forge_nb.up(prompts_per_step=4, group_size=4, threads_per_proc=1, timeout_s=0.5, probe_size=8)
-    session.step(1)
-    yield session
-    session.down()
+    try:
+        session.step(1)
+        judge_before, start = "judge" in session.pids, time.monotonic()
+        version = session.set_reward(judge(timeout_s=120), name="judge", weight=0.0)
+        seconds = time.monotonic() - start
+        yield session, JudgeStart(judge_before, version, session.registry.live("reward").version, seconds)
+    finally:
+        session.down()
     assert wait_no_children() == []
+
+
+@pytest.fixture
+def s(started):
+    return started[0]
 
 
 def test_a_batched_reward_and_the_ensemble_score_every_sample(s):
     s.set_reward(lambda completions: [float(len(c)) for c in completions], name="length", weight=0.0)
     s.set_reward(Ensemble(addition_verifiers()), name="ensemble", weight=0.0)
-    s.step(1)
-    episodes = s.state.buffer.recent(16)
-    assert all(e.reward_error is None and 0.0 <= e.rewards["ensemble"] <= 1.0 for e in episodes)
-    assert all(e.rewards["length"] == len(e.completion) for e in episodes)
-    s.remove_reward("length")
+    try:
+        s.step(1)
+        episodes = s.state.buffer.recent(16)
+        assert all(e.reward_error is None and 0.0 <= e.rewards["ensemble"] <= 1.0 for e in episodes)
+        assert all(e.rewards["length"] == len(e.completion) for e in episodes)
+    finally:
+        s.remove_reward("length")
+        s.remove_reward("ensemble")
 
 
-def test_a_judge_reward_starts_the_judge_actor_and_its_traffic_reaches_the_metrics(s):
-    assert "judge" not in s.pids
-    start = time.monotonic()
-    version = s.set_reward(judge(timeout_s=120), name="judge", weight=0.0)
-    assert s.registry.live("reward").version == version and time.monotonic() - start > 0.5
+def test_a_judge_reward_starts_the_judge_actor_and_its_traffic_reaches_the_metrics(started):
+    s, start = started
+    assert not start.judge_before
+    assert start.live_version == start.version and start.seconds > 0.5
     (judge_pid,) = s.pids["judge"]
     assert judge_pid not in (*s.pids["reward"], *s.pids["live_check"], os.getpid())
     assert any(e["role"] == "judge" and "started" in e["what"] for e in s.status()["events"])
