@@ -110,6 +110,8 @@ class EnvWorker(AsyncForgeActor):
         )
         for t in trajectories:
             t.info.setdefault("policy_versions", sorted(set(backend.versions)))
+            if form == "env" and t.reward is None and t.finish_reason != "error":
+                t.reward = 0.0  # an environment's reward is its step rewards, 0 included: the live rewards never decide
         return trajectories
 
 
