@@ -33,8 +33,8 @@ class Explorer:
     ) -> None:
         self.session, self.on_show = session, on_show
         self.figure = figure if figure is not None else _reward_figure(session)
-        for trace in self.figure.data:
-            if trace.meta in (None, "mean_reward"):
+        for trace in self.figure.data:  # accuracy shares the reward's points: a click on either opens the step
+            if trace.meta in (None, "mean_reward", "accuracy"):
                 trace.on_click(self._on_click)
         self.title = widgets.HTML("<b>Click a point of the reward curve to open that step's groups.</b>")
         self.groups = widgets.HTML()
@@ -102,9 +102,9 @@ class Explorer:
             return
         row = self._step_rows[self._step_rows.sample_id == sample_id].iloc[0]
         pieces = [self.session.tokenizer.decode([t]) for t in row.completion_ids]
-        mask = getattr(row, "completion_mask", None)
-        self.tokens.value = _turns_html(getattr(row, "turns", None)) + _tokens_html(
-            pieces, list(row.logprobs), row.trainer_logprobs, None if mask is None else list(mask)
+        turns, mask = getattr(row, "turns", None), getattr(row, "completion_mask", None)  # multi-turn samples only
+        self.tokens.value = _turns_html(turns if isinstance(turns, str) else None) + _tokens_html(
+            pieces, list(row.logprobs), row.trainer_logprobs, None if mask is None or len(mask) == 0 else list(mask)
         )
 
     def pin(self, prompt_id: str) -> None:

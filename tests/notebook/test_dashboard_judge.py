@@ -15,7 +15,7 @@ def _session():
         trainer_version=2,
         generator_version=2,
         step_count=2,
-        registry=SimpleNamespace(live=lambda kind: live),
+        registry=SimpleNamespace(live=lambda kind: live, records=[]),
     )
 
 
