@@ -22,12 +22,9 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
-try:
-    from openai.types.chat import ChatCompletion, ChatCompletionMessage
-    from openai.types.chat.chat_completion import Choice
-    from openai.types.completion_usage import CompletionUsage
-except ImportError as e:  # the torch-only install has no openai
-    raise ImportError("forge_nb.agents needs the openai package's types: pip install 'forge_nb[agents]'") from e
+from openai.types.chat import ChatCompletion, ChatCompletionMessage
+from openai.types.chat.chat_completion import Choice
+from openai.types.completion_usage import CompletionUsage
 
 from forge_nb.agents.batching import GenerationBatcher
 from forge_nb.agents.tool_calls import as_message, parse_tool_calls, render
