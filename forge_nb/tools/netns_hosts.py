@@ -4,7 +4,7 @@ Each host is a network namespace ``fnb-<tag>-h<i>`` with its own interface ``eth
 ``10.<a>.<b>.1<i>/24``; a veth pair joins it to the bridge ``fnb-<tag>-br`` in the root namespace,
 which holds ``10.<a>.<b>.1`` (where a controller in the root namespace listens). Traffic between
 hosts crosses two veth links and the bridge and never leaves the machine. A host's link can be
-taken down (`link`) or slowed (`netem`) to test failures.
+taken down (`link`) or slowed (`slow`: tbf rate, netem delay) to test failures.
 
 Every name starts with ``fnb-`` (``fnb`` for interfaces, whose names are limited to 15 bytes), so
 `down` finds leftovers of any earlier run; `down` is idempotent and kills every process still
@@ -136,13 +136,17 @@ class HostNet:
         """Take host `name`'s link down or bring it back (the root end: the host sees carrier loss)."""
         _run("ip", "link", "set", self.host(name).veth, "up" if up else "down")
 
-    def netem(self, name: str, delay_ms: float = 0.0, rate_mbit: float = 0.0) -> None:
-        """Delay (and cap the rate of) traffic leaving host `name`; both 0 removes the qdisc."""
+    def slow(self, name: str, rate_mbit: float = 0.0, delay_ms: float = 0.0) -> None:
+        """Cap the rate of (tbf) or delay (netem) traffic leaving host `name`; both 0 removes it.
+        Some kernels lack netem (this one: "Specified qdisc kind is unknown"); tbf is everywhere."""
         inside = self.host(name).exec_args()
         _run(*inside, "tc", "qdisc", "del", "dev", "eth0", "root", check=False)
-        if delay_ms or rate_mbit:
-            opts = ["delay", f"{delay_ms}ms"] + (["rate", f"{rate_mbit}mbit"] if rate_mbit else [])
-            _run(*inside, "tc", "qdisc", "add", "dev", "eth0", "root", "netem", *opts)
+        if delay_ms:
+            rate = ["rate", f"{rate_mbit}mbit"] if rate_mbit else []
+            _run(*inside, "tc", "qdisc", "add", "dev", "eth0", "root", "netem", "delay", f"{delay_ms}ms", *rate)
+        elif rate_mbit:
+            shape = ["rate", f"{rate_mbit}mbit", "burst", "64kb", "latency", "10s"]
+            _run(*inside, "tc", "qdisc", "add", "dev", "eth0", "root", "tbf", *shape)
 
     def down(self) -> None:
         down(self.tag)
@@ -162,13 +166,18 @@ def namespaces(tag: str | None = None) -> list[str]:
     return [n for n in names if n.startswith(want)]
 
 
+def pids_inside(netns: str) -> list[int]:
+    """Processes running in `netns`."""
+    return [int(p) for p in _run("ip", "netns", "pids", netns, check=False).stdout.split()]
+
+
 def kill_inside(netns: str, timeout: float = 5.0) -> None:
     """SIGKILL every process running in `netns` and wait until they are gone."""
     deadline = time.monotonic() + timeout
-    while pids := _run("ip", "netns", "pids", netns, check=False).stdout.split():
+    while pids := pids_inside(netns):
         for pid in pids:
             try:
-                os.kill(int(pid), signal.SIGKILL)
+                os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
         if time.monotonic() > deadline:
