@@ -10,7 +10,8 @@ Every name starts with ``fnb-`` (``fnb`` for interfaces, whose names are limited
 `down` finds leftovers of any earlier run; `down` is idempotent and kills every process still
 running inside the namespaces first.
 
-    python -m forge_nb.tools.netns_hosts up --hosts 3 --tag t0   # prints the hosts, one a line
+    python -m forge_nb.tools.netns_hosts up --hosts 3 --tag t0 [--workers 26600]
+        # prints the hosts, one a line; --workers: a forge_nb worker on each, and the --hosts to use
     python -m forge_nb.tools.netns_hosts status
     python -m forge_nb.tools.netns_hosts down [--tag t0]          # every fnb- namespace without --tag
 """
@@ -203,12 +204,18 @@ def main() -> None:
     parser.add_argument("command", choices=("up", "down", "status"))
     parser.add_argument("--hosts", type=int, default=3)
     parser.add_argument("--tag", default=None, help="names this set of hosts (default 0 for up, every set for down)")
+    parser.add_argument("--workers", type=int, default=0, metavar="PORT", help="up: start a forge_nb worker on each")
     args = parser.parse_args()
     if args.command == "up":
         net = HostNet(args.hosts, args.tag or "0").up()
         print(f"bridge {net.bridge} {net.gateway}")
         for h in net.hosts:
             print(f"{h.name} {h.netns} {h.ip}")
+            if args.workers:  # detached: they run until `down` kills what runs in the namespaces
+                log = open(f"/tmp/{h.netns}-worker.log", "wb")
+                subprocess.Popen(h.worker_args(args.workers), stdout=log, stderr=log, start_new_session=True)
+        if args.workers:
+            print("--hosts " + ",".join(f"tcp://{h.ip}:{args.workers}" for h in net.hosts))
     elif args.command == "down":
         down(args.tag)
     else:
