@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -42,7 +43,10 @@ def _env() -> dict[str, str]:
 
 
 def link_rate(net, streams: int) -> float:
-    """iperf3 from the trainer host to the first generator host -> GB/s (None if iperf3 is missing)."""
+    """iperf3 from the trainer host to the first generator host -> GB/s (nan without iperf3: apt-get
+    install iperf3)."""
+    if shutil.which("iperf3") is None:
+        return float("nan")
     server, client = net.hosts[0], net.hosts[1]
     srv = subprocess.Popen([*server.exec_args(), "iperf3", "-s", "-1", "-p", "5301"], stdout=subprocess.DEVNULL)
     try:
