@@ -8,6 +8,8 @@ gloo broadcast    torch.distributed gloo, 2 processes, one tensor of the same si
 memcpy            in-process tensor copy
 
   python benchmarks/weight_refresh.py [--sizes-mb 16 256 1024]
+  python benchmarks/weight_refresh.py --hosts [--fanout 1 2 4]   # across namespace hosts (root): see
+                                                                  # weight_refresh_hosts.py
 """
 
 from __future__ import annotations
@@ -163,7 +165,13 @@ def mesh_seconds(size_bytes: int, reps: int) -> dict[str, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes-mb", type=int, nargs="+", default=[16, 256, 1024])
+    parser.add_argument("--hosts", action="store_true", help="across network-namespace hosts (needs root)")
+    parser.add_argument("--fanout", type=int, nargs="+", default=[1, 2, 4], help="generator hosts (--hosts)")
     args = parser.parse_args()
+    if args.hosts:
+        from weight_refresh_hosts import run
+
+        return run(args.sizes_mb, args.fanout)
     rows = []
     for mb in args.sizes_mb:
         size = mb << 20
