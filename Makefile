@@ -60,7 +60,7 @@ system-deps:
 TEST_WORKERS ?= 0
 PYTEST_ARGS ?=
 test: lint system-deps $(LABEXT_BUILT)
-	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
+	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadgroup --durations=40 $(PYTEST_ARGS)
 
 # The inner loop (under 5 minutes): tests/ without the tutorials, Slurm, the browser, files that start a mesh and
 # `slow` tests (markers set in conftest.py).

@@ -139,6 +139,7 @@ def trl_run(args: argparse.Namespace, train: list[dict]) -> float:
         dataloader_num_workers=0,
         disable_tqdm=True,
         bf16=False,
+        gradient_checkpointing=False,  # TRL's default (True) recomputes activations in backward: more work
     )
     times = StepTimes()
     trainer = GRPOTrainer(

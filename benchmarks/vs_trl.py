@@ -99,6 +99,7 @@ def trl_steps_per_s(args: argparse.Namespace, bf16: bool = False) -> float:
         dataloader_num_workers=0,
         disable_tqdm=True,
         bf16=bf16,
+        gradient_checkpointing=False,  # TRL's default (True) recomputes activations in backward: more work
     )
     model = AutoModelForCausalLM.from_pretrained(str(BUNDLED_MODEL), dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(str(BUNDLED_MODEL))
