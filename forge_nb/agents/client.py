@@ -134,6 +134,7 @@ class AgentClient:
             max_tokens=budget,
             seed=self.sampling.seed,
             stop=(stop,) if isinstance(stop, str) else tuple(stop or self.sampling.stop),
+            keep_prefix=True,  # the next turn extends this prompt and reply
         )
         completion = await self.batcher.generate(prompt_ids, sampling)
         text = self.tokenizer.decode(completion.token_ids, skip_special_tokens=True)

@@ -25,7 +25,9 @@ class SamplingParams:
     """How to sample. ``temperature == 0`` means greedy; `max_tokens` counts generated tokens.
 
     `stop`: strings that end a completion (finish_reason "stop"); the completion keeps the tokens up
-    to the one that completes the string, its `text` ends before the string.
+    to the one that completes the string, its `text` ends before the string. `keep_prefix`: a hint
+    that later prompts will extend these (an agent's next turn): the torch engine keeps their keys and
+    values for them (`engines.prefix_cache`); vLLM's prefix cache does this for every prompt.
     """
 
     n: int = 1
@@ -34,6 +36,7 @@ class SamplingParams:
     max_tokens: int = 8
     seed: int | None = None
     stop: tuple[str, ...] = ()
+    keep_prefix: bool = False
 
 
 Prompt = str | list[int]

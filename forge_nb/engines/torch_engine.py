@@ -2,7 +2,9 @@
 
 Prompts are left-padded into one batch and prefilled once each (the n samples of a prompt share its
 prefill: the key/value cache is repeated n times after it), then decoded token by token reusing the
-cache. It serves the tests, the single-process baseline and machines where vLLM cannot start; on a
+cache. An agent's calls (`SamplingParams.keep_prefix`) keep each row's keys and values, so its next
+turn prefills only the new messages (`engines.prefix_cache`; cleared at every weight load).
+It serves the tests, the single-process baseline and machines where vLLM cannot start; on a
 CPU it is also the faster engine for small models (`benchmarks/engines.py`).
 """
 
@@ -14,6 +16,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
+from forge_nb.engines import prefix_cache
 from forge_nb.engines.base import Prompt, SamplingParams, cut_at_stop, encode_prompts
 from forge_nb.rl.completion import Completion
 from forge_nb.rl.prefix_batch import completion_logprobs
@@ -28,6 +31,7 @@ class TorchEngine:
         self.eos_id: int = tokenizer.eos_token_id
         self.pad_id: int = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_id
         self._generator = torch.Generator()
+        self.prefixes = prefix_cache.PrefixCache()
 
     @classmethod
     def load(cls, model_dir: str | Path, dtype: torch.dtype = torch.float32) -> TorchEngine:
@@ -64,22 +68,18 @@ class TorchEngine:
         self, prompts: list[list[int]], sampling: SamplingParams
     ) -> tuple[list[list[int]], list[list[float]], list[bool]]:
         """P prompts -> P x n rows (prompt-major) of sampled tokens, their logprobs, and whether each stopped."""
-        batch = len(prompts)
-        width = max(len(p) for p in prompts)
-        input_ids = torch.full((batch, width), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((batch, width), dtype=torch.long)
-        for i, ids in enumerate(prompts):
-            input_ids[i, width - len(ids) :] = torch.tensor(ids)
-            mask[i, width - len(ids) :] = 1
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        out = self.model(input_ids=input_ids, attention_mask=mask, position_ids=positions, use_cache=True)
+        hits = self.prefixes.take(prompts) if sampling.keep_prefix else [None] * len(prompts)
+        if any(hits):
+            out, mask, positions = self._prefill_suffixes(prompts, hits)
+        else:
+            out, mask, positions = self._prefill(prompts)
         # Prefill each prompt once, then give each of its n samples a copy of its cache: the prompt
         # tokens dominate the forward passes when completions are short.
         cache, logits = out.past_key_values, out.logits[:, -1].repeat_interleave(sampling.n, 0)
+        batch = len(prompts) * sampling.n
         if sampling.n > 1:
             cache.batch_repeat_interleave(sampling.n)
             mask, positions = mask.repeat_interleave(sampling.n, 0), positions.repeat_interleave(sampling.n, 0)
-            batch *= sampling.n
         next_pos = positions[:, -1:] + 1
         done = torch.zeros(batch, dtype=torch.bool)
         tokens: list[torch.Tensor] = []
@@ -103,7 +103,50 @@ class TorchEngine:
                 use_cache=True,
             )
             cache, logits, next_pos = out.past_key_values, out.logits[:, -1], next_pos + 1
-        return _unpad(torch.stack(tokens, 1), torch.stack(logps, 1), torch.stack(alive, 1), done)
+        ids, lps, stopped = _unpad(torch.stack(tokens, 1), torch.stack(logps, 1), torch.stack(alive, 1), done)
+        if sampling.keep_prefix and prefix_cache.supported(cache):
+            self._keep(prompts, sampling.n, ids, len(tokens) - 1, cache, mask)
+        return ids, lps, stopped
+
+    def _prefill(self, prompts: list[list[int]]):
+        """Left-padded prompts [B, W] through the model -> (output with its cache, mask [B, W], positions [B, W])."""
+        batch, width = len(prompts), max(len(p) for p in prompts)
+        input_ids = torch.full((batch, width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((batch, width), dtype=torch.long)
+        for i, ids in enumerate(prompts):
+            input_ids[i, width - len(ids) :] = torch.tensor(ids)
+            mask[i, width - len(ids) :] = 1
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        out = self.model(input_ids=input_ids, attention_mask=mask, position_ids=positions, use_cache=True)
+        return out, mask, positions
+
+    def _prefill_suffixes(self, prompts: list[list[int]], hits: list):
+        """Prompts extending kept rows: their kept keys/values [B, L] (left-padded), then only the rest of each
+        prompt [B, S] -> (output with the whole cache, mask [B, L + S], positions of the new tokens [B, S])."""
+        kept = [len(h[0]) if h else 0 for h in hits]
+        rest = [p[n:] for p, n in zip(prompts, kept)]
+        cache, kept_mask = prefix_cache.batched([h[1] if h else None for h in hits], max(kept))
+        batch, width = len(prompts), max(len(r) for r in rest)
+        input_ids = torch.full((batch, width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((batch, width), dtype=torch.long)
+        positions = torch.zeros((batch, width), dtype=torch.long)
+        for i, (ids, n) in enumerate(zip(rest, kept)):
+            input_ids[i, width - len(ids) :] = torch.tensor(ids)
+            mask[i, width - len(ids) :] = 1
+            positions[i, width - len(ids) :] = torch.arange(n, n + len(ids))
+        mask = torch.cat([kept_mask, mask], dim=1)
+        out = self.model(
+            input_ids=input_ids, attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True
+        )
+        return out, mask, positions
+
+    def _keep(self, prompts: list[list[int]], n: int, ids: list[list[int]], fed: int, cache, mask) -> None:
+        """Keep each row's keys/values: its prompt and the first `fed` tokens of its reply (the last sampled
+        token was never run through the model)."""
+        rows = [(prompts[r // n], reply[:fed]) for r, reply in enumerate(ids)]
+        layers = prefix_cache.rows_of(cache, mask, [len(p) + len(reply) for p, reply in rows])
+        for (prompt, reply), kept in zip(rows, layers):
+            self.prefixes.keep([*prompt, *reply], kept)
 
     def _sample(self, logits: torch.Tensor, sampling: SamplingParams) -> tuple[torch.Tensor, torch.Tensor]:
         """logits [B, V] -> (token [B], logprob of token under logits / temperature [B])."""
@@ -124,6 +167,7 @@ class TorchEngine:
 
     @torch.no_grad()
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        self.prefixes.clear()  # kept keys/values belong to the weights that made them
         params = dict(self.model.named_parameters())
         for name, tensor in named_tensors:
             params[name].copy_(tensor)
