@@ -1,0 +1,116 @@
+"""Generator side of LoRA: serve a refreshed adapter.
+
+A refresh moves only the adapter's tensors (peft's saved names, `adapter.adapter_tensors`); how they
+reach the served model depends on the engine:
+
+- torch engine (`MergedAdapter`): merged into the served weights, ``W = W0 + scale * B @ A`` for every
+  target, always from a copy of the base ``W0`` taken before the first merge, so version v never
+  carries rounding from versions before it.
+- vLLM (`VllmAdapter`): loaded as a LoRA adapter at run time (``enable_lora``; the CPU build supports
+  it, punica's CPU kernels), a new adapter id per policy version; the base weights never change.
+
+Either keeps the adapter last loaded (`tensors`, copied out of the refresh's staging buffer): the
+checksum the session compares with the trainer's, and what a checkpoint saves as the served adapter.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Iterable
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from forge_nb.config.lora import LoraConfig
+from forge_nb.lora.targets import peft_config
+
+ADAPTER_FILE = "adapter_model.safetensors"  # peft's file name: a trainer's saved adapter and a served one
+_PREFIX = "base_model.model."
+
+
+def base_weight_name(adapter_name: str) -> str:
+    """``base_model.model.M.lora_A.weight`` -> ``M.weight``: the base weight the adapter pair updates."""
+    module = adapter_name.removeprefix(_PREFIX).rsplit(".lora_", 1)[0]
+    return f"{module}.weight"
+
+
+def read_adapter(folder: str | Path) -> dict[str, torch.Tensor]:
+    """The adapter tensors saved in `folder` (by the trainer, `adapter.save`, or a generator, `save`)."""
+    return load_file(str(Path(folder) / ADAPTER_FILE))
+
+
+class ServedAdapter:
+    """What both engines share: the adapter served now (`tensors`) and its policy version."""
+
+    def __init__(self) -> None:
+        self.tensors: dict[str, torch.Tensor] = {}
+        self.version: int | None = None
+
+    def load(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
+        """Serve adapter `version` from `named_tensors` (views that die with the refresh: copied here)."""
+        self.tensors = {name: t.clone() for name, t in named_tensors}
+        self._serve(version)
+        self.version = version
+
+    def _serve(self, version: int) -> None:
+        raise NotImplementedError
+
+    def save(self, folder: str | Path) -> None:
+        """The served adapter as folder/adapter_model.safetensors (a checkpoint's generator/)."""
+        Path(folder).mkdir(parents=True, exist_ok=True)
+        save_file(self.tensors, str(Path(folder) / ADAPTER_FILE), metadata={"format": "pt"})
+
+
+class MergedAdapter(ServedAdapter):
+    """torch engine: merges each version into the served weights from an unmerged copy of the base."""
+
+    def __init__(self, engine, scale: float) -> None:
+        super().__init__()
+        self.engine, self.scale = engine, scale
+        self._base: dict[str, torch.Tensor] | None = None  # target weights as loaded, taken at the first merge
+
+    @torch.no_grad()
+    def _serve(self, version: int) -> None:
+        pairs: dict[str, dict[str, torch.Tensor]] = {}
+        for name, t in self.tensors.items():
+            pairs.setdefault(base_weight_name(name), {})["A" if ".lora_A." in name else "B"] = t
+        if self._base is None:  # before any merge the engine holds the base weights
+            served = dict(self.engine.named_weights())
+            self._base = {w: served[w].clone() for w in pairs}
+        merged = []
+        for w, ab in pairs.items():
+            base = self._base[w]
+            delta = ab["B"].float() @ ab["A"].float()  # [out, r] @ [r, in] -> [out, in]
+            merged.append((w, (base.float() + self.scale * delta).to(base.dtype)))
+        self.engine.load_weights(merged)
+
+
+class VllmAdapter(ServedAdapter):
+    """vLLM: each version written as a peft adapter folder (in /dev/shm when there is one: no disk),
+    then loaded as a LoRA adapter with its own id; the previous one is dropped."""
+
+    def __init__(self, engine, lora: LoraConfig) -> None:
+        super().__init__()
+        self.engine = engine
+        shm = Path("/dev/shm")
+        self.folder = Path(tempfile.mkdtemp(prefix="forge_nb-adapter-", dir=shm if shm.is_dir() else None))
+        self.config = peft_config(lora)
+
+    def _serve(self, version: int) -> None:
+        folder = self.folder / f"v{version}"
+        self.save(folder)
+        self.config.save_pretrained(str(folder))
+        previous = self.engine.lora_path
+        self.engine.use_adapter(str(folder), version)
+        if previous:
+            shutil.rmtree(previous, ignore_errors=True)
+
+    def close(self) -> None:
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def served_adapter(engine, engine_name: str, lora: LoraConfig) -> ServedAdapter:
+    """How `engine` (named `engine_name`) serves adapters for `lora`."""
+    return VllmAdapter(engine, lora) if engine_name == "vllm" else MergedAdapter(engine, lora.scale)
