@@ -8,6 +8,13 @@ gloo broadcast    torch.distributed gloo, 2 processes, one tensor of the same si
 memcpy            in-process tensor copy
 
   python benchmarks/weight_refresh.py [--sizes-mb 16 256 1024]
+
+With --lora MODEL the table is instead a real model's refresh through forge_nb sessions (trainer ->
+generator, the torch engine, the product's `s.sync()`): a full refresh (every weight) against a LoRA adapter
+refresh (only the adapter's tensors, merged into the generator's weights from its unmerged base), bytes and
+seconds per refresh (median of --refreshes, after a first one that maps the buffers), in one run.
+
+  python benchmarks/weight_refresh.py --lora smollm2-135m-instruct [--rank 16] [--refreshes 4]
 """
 
 from __future__ import annotations
@@ -160,10 +167,55 @@ def mesh_seconds(size_bytes: int, reps: int) -> dict[str, float]:
         wait(rec_procs.stop())
 
 
+def session_refresh(model: str, lora: dict | None, refreshes: int) -> dict[str, float]:
+    """One session on `model` (full training, or a `lora` adapter): train on one rollout and sync,
+    `refreshes` + 1 times -> bytes per refresh, median seconds (transfer + load) and transfer seconds."""
+    import forge_nb
+
+    extra = {"lora": lora} if lora else {}
+    s = forge_nb.up(model=model, engine="torch", prompts_per_step=2, group_size=2, max_tokens=8, lr=1e-5, **extra)
+    try:
+        batch, reports = s.rollout(), []
+        for _ in range(refreshes + 1):  # the first refresh maps the publisher's buffers
+            s.train(batch)
+            reports.append(s.sync())
+        sizes = s.status()["trainer"]
+    finally:
+        s.down()
+    later = reports[1:]
+    return {
+        "trainable_params": sizes["trainable_params"],
+        "bytes": later[0]["bytes"],
+        "seconds": statistics.median(r["seconds"] for r in later),
+        "transfer_seconds": statistics.median(r["transfer_seconds"] for r in later),
+    }
+
+
+def lora_table(model: str, rank: int, refreshes: int) -> None:
+    """Print a full refresh against a rank-`rank` adapter refresh (every default target) of `model`."""
+    rows = {
+        "full (every weight)": session_refresh(model, None, refreshes),
+        f"LoRA r={rank} (adapter only)": session_refresh(model, {"r": rank, "alpha": 2 * rank}, refreshes),
+    }
+    full = rows["full (every weight)"]
+    print(f"\n{model}: weight refresh per s.sync(), torch engine, median of {refreshes}, {os.cpu_count()} cores\n")
+    print(f"{'':<26}{'trained params':>16}{'bytes':>14}{'seconds':>10}{'transfer s':>12}{'bytes vs full':>15}")
+    for name, r in rows.items():
+        print(
+            f"{name:<26}{r['trainable_params']:>16,}{r['bytes']:>14,}{r['seconds']:>10.4f}"
+            f"{r['transfer_seconds']:>12.4f}{r['bytes'] / full['bytes']:>14.4f}x"
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes-mb", type=int, nargs="+", default=[16, 256, 1024])
+    parser.add_argument("--lora", metavar="MODEL", default="", help="a model's full vs LoRA adapter refresh")
+    parser.add_argument("--rank", type=int, default=16)
+    parser.add_argument("--refreshes", type=int, default=4)
     args = parser.parse_args()
+    if args.lora:
+        return lora_table(args.lora, args.rank, args.refreshes)
     rows = []
     for mb in args.sizes_mb:
         size = mb << 20

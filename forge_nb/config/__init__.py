@@ -110,16 +110,20 @@ class Config:
         """A copy with `values` applied (section dicts, dotted or unique bare names, TRL's GRPOConfig
         names: `config.trl_names`), validated."""
         new = dataclasses.replace(self, **{s: dataclasses.replace(getattr(self, s)) for s in _SECTIONS})
+        names = []  # every field set, dotted
         for key, value in from_trl(values, _is_field).items():
             if key in _SECTIONS and isinstance(value, dict):
-                if key == "lora" and "enabled" not in value:  # lora={...} is how LoRA is asked for
-                    _set(new, "lora.enabled", True)
-                for sub, v in value.items():
-                    _set(new, f"{key}.{sub}", v)
+                pairs = [(f"{key}.{sub}", v) for sub, v in value.items()]
             elif key in _MAIN_FIELD and isinstance(value, str):
-                _set(new, f"{key}.{_MAIN_FIELD[key]}", value)
+                pairs = [(f"{key}.{_MAIN_FIELD[key]}", value)]
             else:
-                _set(new, _qualify(key), value)
+                pairs = [(_qualify(key), value)]
+            for name, v in pairs:
+                _set(new, name, v)
+                names.append(name)
+        # Giving a lora field (lora={...}, lora.r=8) asks for LoRA, unless lora.enabled is given too.
+        if any(n.startswith("lora.") for n in names) and "lora.enabled" not in names:
+            new.lora.enabled = True
         return new.validate()
 
 

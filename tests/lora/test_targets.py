@@ -41,3 +41,10 @@ def test_up_with_a_bad_target_starts_nothing():
     with pytest.raises(ConfigError, match="not found"):
         forge_nb.up(lora={"target_modules": ["nope"]})
     assert wait_no_children(timeout=1.0) == []
+
+
+def test_a_dotted_lora_field_turns_lora_on_unless_enabled_is_given():
+    assert Config().updated({"lora.r": 4}).lora.enabled
+    assert not Config().updated({"lora.r": 4, "lora.enabled": False}).lora.enabled
+    saved = Config().updated({"lora": {"r": 4}}).to_dict()
+    assert Config.from_dict(saved).lora.r == 4 and not Config.from_dict(Config().to_dict()).lora.enabled
