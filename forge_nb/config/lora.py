@@ -28,6 +28,7 @@ class LoraConfig:
     alpha: float = 32.0
     dropout: float = 0.0
     target_modules: list[str] = field(default_factory=lambda: list(DEFAULT_TARGETS))
+    serve: str = "merged"  # torch engine: "merged" into the weights each refresh, or as peft "layer"s (vLLM: its own)
 
     @property
     def scale(self) -> float:
@@ -45,6 +46,8 @@ class LoraConfig:
             raise ConfigError(f"lora.alpha must be > 0, got {self.alpha}")
         if not 0.0 <= self.dropout < 1.0:
             raise ConfigError(f"lora.dropout must be in [0, 1), got {self.dropout}")
+        if self.serve not in ("merged", "layer"):
+            raise ConfigError(f"lora.serve must be one of ['merged', 'layer'], got {self.serve!r}")
         targets = self.target_modules
         if not isinstance(targets, list) or not targets or not all(isinstance(t, str) and t for t in targets):
             raise ConfigError(f"lora.target_modules must be a non-empty list of module names, got {targets!r}")

@@ -3,9 +3,13 @@
 A refresh moves only the adapter's tensors (peft's saved names, `adapter.adapter_tensors`); how they
 reach the served model depends on the engine:
 
-- torch engine (`MergedAdapter`): merged into the served weights, ``W = W0 + scale * B @ A`` for every
-  target, always from a copy of the base ``W0`` taken before the first merge, so version v never
-  carries rounding from versions before it.
+- torch engine, ``lora.serve="merged"`` (`MergedAdapter`, the default): merged into the served weights,
+  ``W = W0 + scale * B @ A`` for every target, always from a copy of the base ``W0`` taken before the first
+  merge, so version v never carries rounding from versions before it. Generation runs at the base's speed;
+  a refresh reads and writes every target weight.
+- torch engine, ``lora.serve="layer"`` (`LayerAdapter`): the served model carries peft's LoRA layers and a
+  refresh copies only the adapter's tensors into them; every forward pays the adapter's extra matmuls.
+  `benchmarks/weight_refresh.py --lora` measures both.
 - vLLM (`VllmAdapter`): loaded as a LoRA adapter at run time (``enable_lora``; the CPU build supports
   it, punica's CPU kernels), a new adapter id per policy version; the base weights never change.
 
@@ -115,6 +119,26 @@ class VllmAdapter(ServedAdapter):
         shutil.rmtree(self.folder, ignore_errors=True)
 
 
+class LayerAdapter(ServedAdapter):
+    """torch engine: the served model gets peft's LoRA layers once; a refresh copies the adapter into them."""
+
+    def __init__(self, engine, lora: LoraConfig) -> None:
+        super().__init__()
+        import peft
+
+        # peft replaces the target modules inside engine.model, which keeps serving (now with the adapter).
+        wrapped = peft.get_peft_model(engine.model, peft_config(lora))
+        engine.model.eval()
+        self._params = {n.replace(".default.", "."): p for n, p in wrapped.named_parameters() if ".lora_" in n}
+
+    @torch.no_grad()
+    def _serve(self, version: int) -> None:
+        for name, t in self.tensors.items():
+            self._params[name].copy_(t)
+
+
 def served_adapter(engine, engine_name: str, lora: LoraConfig) -> ServedAdapter:
-    """How `engine` (named `engine_name`) serves adapters for `lora`."""
-    return VllmAdapter(engine, lora) if engine_name == "vllm" else MergedAdapter(engine, lora.scale)
+    """How `engine` (named `engine_name`) serves adapters for `lora` (`lora.serve` for the torch engine)."""
+    if engine_name == "vllm":
+        return VllmAdapter(engine, lora)
+    return LayerAdapter(engine, lora) if lora.serve == "layer" else MergedAdapter(engine, lora.scale)

@@ -6,7 +6,7 @@ from transformers import AutoModelForCausalLM
 from forge_nb.config import LoraConfig
 from forge_nb.engines.torch_engine import TorchEngine
 from forge_nb.lora import adapter
-from forge_nb.lora.serve import MergedAdapter, base_weight_name
+from forge_nb.lora.serve import LayerAdapter, MergedAdapter, base_weight_name
 from forge_nb.models import BUNDLED_MODEL
 
 LORA = LoraConfig(enabled=True, r=4, alpha=8.0, target_modules=["q_proj", "o_proj", "up_proj"])
@@ -40,3 +40,17 @@ def test_each_version_is_merged_from_the_base_not_on_top_of_the_last():
         assert torch.equal(a, b), name  # v1 then v2 == v2 straight from the base, bit for bit
     with torch.no_grad():
         assert torch.allclose(engine.model(IDS).logits, policy(IDS).logits, atol=1e-5)
+
+
+def test_as_peft_layers_the_served_model_equals_the_merged_one():
+    policy = adapter.wrap(AutoModelForCausalLM.from_pretrained(BUNDLED_MODEL), LORA).eval()
+    layered, merged = TorchEngine.load(BUNDLED_MODEL), TorchEngine.load(BUNDLED_MODEL)
+    as_layers, as_merge = LayerAdapter(layered, LORA), MergedAdapter(merged, LORA.scale)
+    for version in (1, 2):
+        tensors = _adapter_version(policy, version)
+        as_layers.load(tensors, version)
+        as_merge.load(tensors, version)
+        with torch.no_grad():
+            expected = policy(IDS).logits
+            assert torch.allclose(layered.model(IDS).logits, expected, atol=1e-5)
+            assert torch.allclose(merged.model(IDS).logits, expected, atol=1e-5)
