@@ -189,11 +189,6 @@ class VllmEngine:
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(named_tensors)})
         self.llm.reset_prefix_cache()
 
-    @property
-    def lora_path(self) -> str:
-        """The folder of the LoRA adapter served ("" when none)."""
-        return self.lora.lora_path if self.lora is not None else ""
-
     def use_adapter(self, path: str, version: int) -> None:
         """Serve the peft adapter folder `path` as policy `version` from the next request on: loaded now
         (the refresh pays for it, not the next batch) under id version + 1, the previous one removed."""

@@ -19,7 +19,6 @@ checksum the session compares with the trainer's, and what a checkpoint saves as
 
 from __future__ import annotations
 
-import shutil
 import tempfile
 from collections.abc import Iterable
 from pathlib import Path
@@ -97,26 +96,20 @@ class MergedAdapter(ServedAdapter):
 
 class VllmAdapter(ServedAdapter):
     """vLLM: each version written as a peft adapter folder (in /dev/shm when there is one: no disk),
-    then loaded as a LoRA adapter with its own id; the previous one is dropped."""
+    loaded as a LoRA adapter with its own id (the previous one dropped), and the folder deleted: vLLM holds
+    the loaded adapter in memory, and with one adapter at a time never evicts it to read it again."""
 
     def __init__(self, engine, lora: LoraConfig) -> None:
         super().__init__()
         self.engine = engine
-        shm = Path("/dev/shm")
-        self.folder = Path(tempfile.mkdtemp(prefix="forge_nb-adapter-", dir=shm if shm.is_dir() else None))
         self.config = peft_config(lora)
 
     def _serve(self, version: int) -> None:
-        folder = self.folder / f"v{version}"
-        self.save(folder)
-        self.config.save_pretrained(str(folder))
-        previous = self.engine.lora_path
-        self.engine.use_adapter(str(folder), version)
-        if previous:
-            shutil.rmtree(previous, ignore_errors=True)
-
-    def close(self) -> None:
-        shutil.rmtree(self.folder, ignore_errors=True)
+        shm = Path("/dev/shm")
+        with tempfile.TemporaryDirectory(prefix="forge_nb-adapter-", dir=shm if shm.is_dir() else None) as folder:
+            self.save(folder)
+            self.config.save_pretrained(folder)
+            self.engine.use_adapter(folder, version)
 
 
 class LayerAdapter(ServedAdapter):
