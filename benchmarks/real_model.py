@@ -98,7 +98,7 @@ def forge_nb_run(args: argparse.Namespace, train: list[dict], heldout: list[dict
                 flush=True,
             )
         after = s.evaluate()
-        timed = [r.step_s for r in rows[args.warmup :]]
+        timed = [r.step_s for r in rows[args.warmup :]] or [r.step_s for r in rows]  # a run of one step: its own
         skipped = s.metrics_stream.to_pandas("train").rows_skipped.iloc[args.warmup :].sum()
         trained = s.metrics_stream.to_pandas("train").tokens.iloc[args.warmup :].size * args.prompts * args.group
         s.set_loss(NOSKIP_LOSS)
