@@ -12,7 +12,8 @@ an xdist group, so a new test file needs no opt-in.
   the group "slurm", so two clusters never run at once. `make test` runs `pytest -n 2 --dist loadgroup`;
   pytest_xdist_make_scheduler below hands out whole groups (xdist's own loadgroup does not, see there).
 - markers: `tutorial` (a notebook cell under nbval), `slurm` (starts the local Slurm), `browser`
-  (JupyterLab in Chromium), `mesh` (its file starts a local mesh); `make test-fast` deselects those and `slow`.
+  (JupyterLab in Chromium), `mesh` (its file starts a local mesh), `netns` (namespace hosts); `make test-fast`
+  deselects those and `slow`.
 """
 
 import atexit
@@ -34,10 +35,12 @@ MARKERS = {
     "slurm": "starts the one-node Slurm of tests/slurm_cluster.py (one at a time: fixed ports)",
     "browser": "JupyterLab in Chromium (Playwright)",
     "mesh": "in a file that starts a local Monarch mesh (forge_nb.up / resume, %forge up, the `session` fixture)",
+    "netns": "makes network-namespace hosts (forge_nb.tools.netns_hosts, root; skipped where they cannot be made)",
 }
 # What, in a test file's or notebook's text, says that it starts a Slurm or a browser.
 SLURM_SIGNS = ("LocalSlurm", "slurm_cluster")
 BROWSER_SIGNS = ("playwright", "chromium")
+NETNS_SIGNS = ("netns_hosts",)  # its namespaces, bridge and subnet are named after the pid: no fixed addresses
 MESH_SIGNS = re.compile(r"forge_nb\.(up|resume)\(|%forge up|(?<![\w.])(up|resume)\(|\bsession\)")
 
 
@@ -99,6 +102,8 @@ def pytest_collection_modifyitems(config, items):
             groups[path] = "slurm"
         if any(s in text for s in BROWSER_SIGNS):
             item.add_marker(pytest.mark.browser)
+        if any(s in text for s in NETNS_SIGNS):
+            item.add_marker(pytest.mark.netns)
         if path.suffix == ".py" and MESH_SIGNS.search(text):
             item.add_marker(pytest.mark.mesh)
         groups.setdefault(path, file_group(path, config.rootpath, cache))

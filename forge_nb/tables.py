@@ -22,16 +22,19 @@ SAMPLE_COLUMNS = [
     "loss_version",
     "reward_error",
 ]
+AGENT_COLUMNS = ["turns", "tool_calls", "tool_errors", "trained_tokens"]
 
 
 def samples_table(buffer: ReplayBuffer, n: int = 16) -> pd.DataFrame:
     """The last `n` samples: prompt (as the model saw it), completion, target, the weighted reward
-    and each reward's own score (``reward/<name>``), advantage, and the versions that made them."""
+    and each reward's own score (``reward/<name>``), for trajectories their model calls (`turns`), tool
+    calls and errors and trained (policy) tokens, advantage, and the versions that made them."""
     df = buffer.to_pandas(n)
     if df.empty:
         return pd.DataFrame(columns=SAMPLE_COLUMNS).set_index("sample_id")
     members = sorted(c for c in df.columns if c.startswith("reward/"))
-    columns = SAMPLE_COLUMNS[:5] + members + SAMPLE_COLUMNS[5:]
+    agent = [c for c in AGENT_COLUMNS if c in df.columns]  # present once an agent rollout made samples
+    columns = SAMPLE_COLUMNS[:5] + members + agent + SAMPLE_COLUMNS[5:]
     return df[columns].set_index("sample_id").round({c: 3 for c in ["reward", "advantage", *members]})
 
 

@@ -53,6 +53,13 @@ def tool_schema(fn: Callable) -> dict:
     return get_json_schema(fn)
 
 
+class UnknownToolError(KeyError):
+    """A rollout's own code called a tool that is not in its tool set."""
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
 class ToolSet:
     """The tools of one rollout: their schemas, and running calls to them by name.
 
@@ -78,6 +85,14 @@ class ToolSet:
         return ToolSet(self.functions.values(), self.timeout, on_result)
 
     async def call(self, name: str, arguments: dict | str | None, call_id: str = "") -> ToolResult:
+        """Run tool `name` with `arguments` for the rollout's own code -> its result. A tool that raises,
+        hangs or gets bad arguments gives an error result (counted); a `name` not in the set is the
+        code's bug, not the model's, and raises `UnknownToolError` (the rollout is refused at validation)."""
+        if name not in self.functions:
+            raise UnknownToolError(f"tools.call: no tool {name!r}; the tools are {sorted(self.functions)}")
+        return await self._call(name, arguments, call_id)
+
+    async def _call(self, name: str, arguments: dict | str | None, call_id: str = "") -> ToolResult:
         """Run tool `name` with `arguments` -> its result (never raises; errors become the content)."""
         start = time.perf_counter()
         content, error = await self._run(name, arguments)
@@ -91,11 +106,12 @@ class ToolSet:
         return result
 
     async def run(self, tool_calls: Sequence[Any] | None) -> list[dict]:
-        """Run OpenAI-shaped tool calls (dicts or `openai` objects, as `message.tool_calls` holds them)
-        concurrently -> their ``{"role": "tool"}`` messages, in order."""
+        """Run the model's OpenAI-shaped tool calls (dicts or `openai` objects, as `message.tool_calls`
+        holds them) concurrently -> their ``{"role": "tool"}`` messages, in order. Every failure, an unknown
+        tool's name included, is an error message the model reads next (counted)."""
         calls = [_as_dict(c) for c in tool_calls or ()]
         results = await asyncio.gather(
-            *(self.call(c["function"].get("name", ""), c["function"].get("arguments"), c.get("id", "")) for c in calls)
+            *(self._call(c["function"].get("name", ""), c["function"].get("arguments"), c.get("id", "")) for c in calls)
         )
         return [r.message() for r in results]
 

@@ -116,13 +116,18 @@ class EngineConfig:
 
 @dataclass
 class MeshConfig:
-    kind: str = "local"
+    kind: str = "local"  # "local" (this host), "slurm" (a Slurm job) or "hosts" (the workers at `hosts`)
+    hosts: list[str] = field(default_factory=list)  # kind "hosts": tcp://HOST:PORT of each host's worker
     generator_procs: int = 1  # generator replicas: prompts are split over them; refreshes run in parallel
     reward_procs: int = 1
     threads_per_proc: int = 2  # torch intra-op threads in each actor proc (phases run one at a time)
 
     def validate(self) -> None:
-        _choice("mesh.kind", self.kind, ("local", "slurm"))
+        _choice("mesh.kind", self.kind, ("local", "slurm", "hosts"))
+        if not isinstance(self.hosts, list) or not all(isinstance(h, str) and h for h in self.hosts):
+            raise ConfigError(f"mesh.hosts must be a list of tcp://HOST:PORT strings, got {self.hosts!r}")
+        if self.kind == "hosts" and not self.hosts:
+            raise ConfigError("mesh.kind='hosts' needs mesh.hosts: tcp://HOST:PORT of each host's forge_nb worker")
         _at_least("mesh.reward_procs", self.reward_procs, 1)
         _at_least("mesh.generator_procs", self.generator_procs, 1)
         _at_least("mesh.threads_per_proc", self.threads_per_proc, 1)
@@ -207,13 +212,18 @@ class SlurmConfig:
 
 @dataclass
 class WeightsConfig:
-    transport: str = "auto"  # "auto": /dev/shm on the trainer's host, Monarch RDMA elsewhere; or "shm", "rdma"
-    chunk_mb: int = 16  # RDMA reads are split into chunks of this size, read in parallel
+    transport: str = "auto"  # "auto": /dev/shm on the trainer's host, TCP streams elsewhere; or "shm", "tcp", "rdma"
+    chunk_mb: int = 16  # reads (RDMA or TCP) are split into chunks of this size, read in parallel
+    streams: int = 2  # TCP connections a cross-host refresh reads over at once
+    stream_timeout_s: float = 10.0  # a TCP stream stalled this long fails the copy (tried 3 times in all)
     serve_dtype: str = "same"  # dtype the generator serves in ("same" as model.dtype, or "bfloat16", ...)
 
     def validate(self) -> None:
-        _choice("weights.transport", self.transport, ("auto", "shm", "rdma"))
+        _choice("weights.transport", self.transport, ("auto", "shm", "tcp", "rdma"))
         _at_least("weights.chunk_mb", self.chunk_mb, 1)
+        _at_least("weights.streams", self.streams, 1)
+        if not self.stream_timeout_s > 0:
+            raise ConfigError(f"weights.stream_timeout_s must be > 0, got {self.stream_timeout_s}")
         _choice("weights.serve_dtype", self.serve_dtype, ("same", "float32", "bfloat16", "float16"))
 
 

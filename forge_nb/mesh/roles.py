@@ -24,7 +24,7 @@ from forge_nb.actors.generator import Generation, Generator, GeneratorSpec
 from forge_nb.actors.reference import Reference, ReferenceSpec
 from forge_nb.actors.reward import RewardSpec, RewardWorker
 from forge_nb.actors.trainer import Trainer, TrainerSpec, TrainResult
-from forge_nb.config import Config
+from forge_nb.config import Config, WeightsConfig
 from forge_nb.engines.base import SamplingParams
 from forge_nb.live.capture import LiveCode
 from forge_nb.live.registry import Member
@@ -43,6 +43,7 @@ from forge_nb.rewards.batch import RewardBatch, RewardSample, Scores
 from forge_nb.rl.batch import TrainBatch
 from forge_nb.rl.episode import Episode
 from forge_nb.versions import PolicyVersions
+from forge_nb.weights.manifest import WeightManifest
 from forge_nb.weights.refresh import RefreshReport
 
 
@@ -86,14 +87,14 @@ class Roles(Supervised):
         `versions` is the session's record of policy versions: these roles keep it current."""
         self.on_event, self.versions = on_event or (lambda role, what: None), versions
         supervision.install()  # failures reach the session, not the kernel's main thread
-        self.mesh = mesh = LocalMesh() if config.mesh.kind == "local" else SlurmMesh(config.slurm)
+        self.mesh = mesh = _start_mesh(config)
         try:  # every role's actors on the mesh, from one spec each
             m, self.kind = config.mesh, config.mesh.kind
             self.reward_timeout_s, self.threads = config.live.timeout_s, m.threads_per_proc
             self.info: dict[str, list[ActorInfo]] = {}  # filled by wait_ready
             self.weights_transport: str | None = None  # set by attach_weights
             self.engine, self.generator_procs, self.reward_procs = engine, m.generator_procs, m.reward_procs
-            self.transport = config.weights.transport
+            self.transport, self._weights = config.weights.transport, config.weights
             self._faults_seen, self._respawned_at = len(supervision.FAULTS), {}
             self._recovering = threading.RLock()  # heal and respawn, one thread at a time (`mesh.recovery`)
             self.restore_from: Callable[[], Path | None] | None = None  # the last checkpoint, to restore a trainer
@@ -145,11 +146,12 @@ class Roles(Supervised):
         return {role: [i.pid for i in infos] for role, infos in self.info.items()}
 
     def describe(self) -> dict[str, Any]:
-        """The mesh for `Session.status`: kind, Slurm job, procs, engine, weights transport."""
+        """The mesh for `Session.status`: kind, Slurm job or hosts, procs, engine, weights transport."""
         job = getattr(self.mesh, "job_id", None)
         return {
             "mesh": self.kind,
             "slurm_job": job,
+            **({"hosts": self.mesh.placed()} if self.kind == "hosts" else {}),
             "procs": self.pids,
             "engine": self.engine,
             "weights_transport": self.weights_transport,
@@ -188,7 +190,7 @@ class Roles(Supervised):
     def _attach_generators(self, transport: str) -> str:
         """Every generator maps the trainer's snapshot (its manifest), then the /dev/shm names are
         dropped, so nothing can leak after (a later reader takes RDMA) -> the transport(s) chosen."""
-        manifest = wait(self.trainer.weights_manifest.call_one())
+        manifest = _with_stream_options(wait(self.trainer.weights_manifest.call_one()), self._weights)
         chosen = set(wait(self.generator.attach.call(manifest, transport)).values())
         wait(self.trainer.unlink_shared_memory.call_one())
         return "+".join(sorted(chosen))
@@ -324,6 +326,23 @@ class Roles(Supervised):
             "generator": wait(self.generator.slice(procs=0).checksum.call_one()),
             "generator_replicas": list(wait(self.generator.checksum.call()).values()),
         }
+
+
+def _start_mesh(config: Config) -> LocalMesh:
+    """This host's procs, a Slurm job's nodes, or the workers at `mesh.hosts`."""
+    if config.mesh.kind == "hosts":
+        from forge_nb.mesh.hosts import HostsMesh
+
+        return HostsMesh(config.mesh.hosts, config.mesh.generator_procs)
+    return LocalMesh() if config.mesh.kind == "local" else SlurmMesh(config.slurm)
+
+
+def _with_stream_options(manifest: WeightManifest, weights: WeightsConfig) -> WeightManifest:
+    """The trainer says where it serves its TCP streams; the config says how generators read them."""
+    if manifest.stream is None:
+        return manifest
+    stream = dataclasses.replace(manifest.stream, streams=weights.streams, timeout_s=weights.stream_timeout_s)
+    return dataclasses.replace(manifest, stream=stream)
 
 
 def _replica_sampling(sampling: SamplingParams, replica: int) -> SamplingParams:

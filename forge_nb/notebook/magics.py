@@ -45,8 +45,8 @@ class ForgeMagicError(ValueError):
 class ForgeMagics(Magics):
     @line_cell_magic
     def forge(self, line: str, cell: str | None = None):
-        """%forge up [--slurm]|status|step N|run [N]|pause|resume|stop|sync|samples N [--step S] [--prompt ID]|
-        dashboard|explore|watch NAME=THRESHOLD ...|save PATH|versions|eval|export PATH|down
+        """%forge up [--slurm|--hosts H1,..]|status|step N|run [N]|pause|resume|stop|sync|samples N [--step S]|
+        [--prompt ID]|dashboard|explore|watch NAME=THRESHOLD ...|save PATH|versions|eval|export PATH|down
         %%forge reward [--name NAME] [--weight W] | %%forge loss | %%forge rollout [--tools a,b] | %%forge env
         (the cell defines the function -- or the environment class; it is
         validated and made live; --name adds or replaces one of several weighted rewards)"""
@@ -106,9 +106,12 @@ class ForgeMagics(Magics):
     @argument("overrides", nargs="*", help="config fields, e.g. lr=1e-4 group_size=4")
     @argument("--config", default=None, help="YAML config file")
     @argument("--slurm", action="store_true", help="run the actors in a Slurm job (options: slurm.partition=...)")
+    @argument("--hosts", default=None, help="comma-separated tcp://HOST:PORT of running forge_nb workers")
     def _up(self, rest: str):
         args = parse_argstring(self._up, rest)
         overrides = parse_overrides(args.overrides) | ({"mesh.kind": "slurm"} if args.slurm else {})
+        if args.hosts:
+            overrides |= {"mesh.kind": "hosts", "mesh.hosts": [h.strip() for h in args.hosts.split(",") if h.strip()]}
         config = (Config.from_yaml(args.config) if args.config else Config()).updated(overrides)
         current = lifecycle.current()
         if current is not None:

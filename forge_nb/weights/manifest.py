@@ -36,7 +36,8 @@ class WeightManifest:
 
     `rdma[b]` holds Monarch ``RDMABuffer``s over buffer b: first its 64-byte header, then its
     chunks in order (read in parallel). `shm_paths`, when set, name the same two buffers as files in
-    /dev/shm, which a reader on the same host (`host`) maps instead of going through RDMA.
+    /dev/shm, which a reader on the same host (`host`) maps instead of going through RDMA. `stream`,
+    when set, is where the trainer serves both buffers over TCP (`weights.stream`: the cross-host path).
     """
 
     slots: tuple[TensorSlot, ...]
@@ -46,6 +47,7 @@ class WeightManifest:
     chunk_bytes: int
     rdma: tuple[tuple[Any, ...], ...]
     shm_paths: tuple[str, ...] | None
+    stream: Any = None  # weights.stream.StreamSpec
 
 
 def layout(

@@ -42,6 +42,7 @@ class WeightPublisher:
         self.buffers = [self._allocate(i) for i in range(2)]
         self._targets = [dict(views(b, self.slots)) for b in self.buffers]
         self._rdma: tuple | None = None
+        self._server = None  # weights.stream.ChunkServer, started with the first manifest
         for buffer in self.buffers:
             header(buffer)[0] = WRITING  # no version until one is published there
         self.version: int | None = None
@@ -76,8 +77,19 @@ class WeightPublisher:
         """The layout and the handles readers pull from (RDMA registered on first use)."""
         if self._rdma is None:
             self._rdma = tuple(self._register(b) for b in self.buffers)
+        if self._server is None:
+            from forge_nb.weights.stream import ChunkServer
+
+            self._server = ChunkServer(self.buffers)
         return WeightManifest(
-            self.slots, self.nbytes, self.nonce, host_id(), self.chunk_bytes, self._rdma, self.shm_paths
+            self.slots,
+            self.nbytes,
+            self.nonce,
+            host_id(),
+            self.chunk_bytes,
+            self._rdma,
+            self.shm_paths,
+            self._server.spec,
         )
 
     def _register(self, buffer: torch.Tensor) -> tuple:

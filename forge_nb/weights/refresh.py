@@ -1,7 +1,9 @@
 """Generator side of a weight refresh: pull a published version and load it.
 
 Transport is chosen once per receiver: a reader on the publisher's host maps the /dev/shm buffers
-and copies from them (memcpy speed); anywhere else it reads over Monarch RDMA, chunks in parallel.
+and copies from them (memcpy speed); anywhere else it reads over the trainer's TCP streams
+(`weights.stream`, several in parallel), or over Monarch RDMA, chunks in parallel ("rdma": the path
+for real RDMA NICs; over Monarch's TCP fallback it is the slower of the two).
 Either way the bytes land in a staging buffer and are checked before anything is loaded: the
 header must hold the requested version and the publisher's nonce both before and after the copy,
 so a version overwritten mid-read (the trainer two versions ahead) is refused, never half-loaded.
@@ -19,7 +21,7 @@ import torch
 
 from forge_nb.weights.manifest import WeightManifest, header, host_id, views
 
-TRANSPORTS = ("auto", "shm", "rdma")
+TRANSPORTS = ("auto", "shm", "tcp", "rdma")
 
 
 class RefreshError(RuntimeError):
@@ -79,7 +81,14 @@ class WeightReceiver:
         self._mapped = self._map_shm() if transport in ("auto", "shm") else None
         if transport == "shm" and self._mapped is None:
             raise ValueError("weights transport 'shm' asked for, but the publisher's /dev/shm buffers are not here")
-        self.transport = "shm" if self._mapped is not None else "rdma"
+        self._stream = None
+        if self._mapped is None and transport in ("auto", "tcp") and manifest.stream is not None:
+            from forge_nb.weights.stream import StreamReader
+
+            self._stream = StreamReader(manifest.stream, manifest.chunk_bytes)
+        if transport == "tcp" and self._stream is None:
+            raise ValueError("weights transport 'tcp' asked for, but the publisher serves no TCP stream")
+        self.transport = "shm" if self._mapped is not None else "tcp" if self._stream is not None else "rdma"
 
     def _map_shm(self) -> list[torch.Tensor] | None:
         m = self.manifest
@@ -99,7 +108,12 @@ class WeightReceiver:
             return RefreshReport(previous, previous, 0, 0.0, 0.0, True, self.transport)
         start = time.perf_counter()
         index = version % 2
-        after = await (self._copy_shm(index) if self._mapped is not None else self._copy_rdma(index))
+        if self._mapped is not None:
+            after = await self._copy_shm(index)
+        elif self._stream is not None:
+            after = await self._copy_stream(index)
+        else:
+            after = await self._copy_rdma(index)
         transferred = time.perf_counter()
         self._check(version, header(self._staging), after)
         load(views(self._staging, self.manifest.slots))
@@ -113,6 +127,13 @@ class WeightReceiver:
         source = self._mapped[index]
         self._staging.copy_(source)
         return header(source).clone()
+
+    async def _copy_stream(self, index: int) -> torch.Tensor:
+        # In a thread: the actor's loop stays free (it answers `generate` with the version it serves).
+        try:
+            return header(await asyncio.to_thread(self._stream.read, index, self._staging)).clone()
+        except OSError as e:
+            raise RefreshError(f"policy v{self.version} stays live; {e}") from None
 
     async def _copy_rdma(self, index: int) -> torch.Tensor:
         head, *chunks = self.manifest.rdma[index]

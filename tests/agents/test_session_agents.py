@@ -47,6 +47,8 @@ def test_a_two_turn_tool_trajectory_trains_on_the_policy_tokens_only(s):
     m = s.train(r)
     assert m["tokens"] == sum(e.trained_tokens for e in r.episodes) and m["rows_skipped"] == 0
     assert s.sync()["version"] == s.trainer_version == 1
+    table = s.samples(4)
+    assert table.turns.tolist() == [2, 2, 2, 2] and table.tool_calls.tolist() == [1, 1, 1, 1]
     assert s.versions("rollout").version.tolist()[-1] == version
 
 
@@ -86,10 +88,16 @@ def test_a_bad_rollout_is_refused_and_the_live_one_stays(s):
     def not_async(client, row, **context):
         return 1.0
 
+    async def unknown_tool(client, row, **context):
+        await client.chat.completions.create(messages=list(row["prompt"]))
+        return float((await context["tools"].call("search", {"query": "6*7"})).content)
+
     with pytest.raises(LiveCodeError, match=r"rollout v\d+ .*turn 1: ZeroDivisionError: on purpose.*stays live"):
         s.set_rollout(broken)
     with pytest.raises(LiveCodeError, match="async def rollout"):
         s.set_rollout(not_async)
+    with pytest.raises(LiveCodeError, match=r"turn 1: UnknownToolError: tools.call: no tool 'search'.*stays live"):
+        s.set_rollout(unknown_tool, tools=[calculator])
     assert s.registry.live("rollout").version == live
     assert s.set_rollout(version=0) == 0  # back to one completion per sample
     assert s.rollout().episodes[0].turns is None

@@ -10,6 +10,7 @@ from forge_nb.agents.tasks import (
     calculator,
     calculator_problems,
     calculator_rollout,
+    expression_rollout,
     guess_number_rows,
 )
 from tests.agents.conftest import ScriptedBackend
@@ -60,6 +61,26 @@ def test_calculator_rollout_calls_the_tool_and_is_rewarded_for_the_right_answer(
     trajectories = asyncio.run(run_rollouts(GenerationBatcher(backend), tokenizer, rows, rollout=calculator_rollout))
     assert [t.reward for t in trajectories] == [1.0, 1.0]
     assert all(t.num_turns == 2 and t.tool_calls == 1 and t.tool_errors == 0 for t in trajectories)
+
+
+def test_expression_rollout_runs_the_written_calculation_and_pays_the_first_turn_for_writing_one(tokenizer):
+    rows = calculator_problems(3, seed=0)
+
+    def reply(prompt: str) -> str:
+        if "The calculator says" in prompt:
+            return prompt.split(" = ")[-1].split(".")[0]  # copies the result
+        row = next(r for r in rows if r["prompt"][1]["content"] in prompt)
+        return {0: f"It is {row['answer']} + 0 = {row['answer']}", 1: f"{row['answer']} + 1", 2: "no idea"}[
+            rows.index(row)
+        ]
+
+    backend = ScriptedBackend(tokenizer, reply)
+    trajectories = asyncio.run(run_rollouts(GenerationBatcher(backend), tokenizer, rows, rollout=expression_rollout))
+    assert [t.num_turns for t in trajectories] == [2, 2, 1]
+    assert [t.tool_calls for t in trajectories] == [1, 1, 0]
+    assert [t.turns[0].reward for t in trajectories] == [0.2, 0.2, 0.0]
+    assert [t.reward for t in trajectories] == [1.0, 0.0, 0.0]
+    assert [t.total_reward for t in trajectories] == [1.2, 0.2, 0.0]  # what it trains on
 
 
 def test_guess_the_number_says_higher_lower_and_rewards_the_right_guess():

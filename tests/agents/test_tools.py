@@ -2,9 +2,10 @@ import asyncio
 import threading
 import time
 
+import pytest
 from openai.types.chat.chat_completion_message_function_tool_call import ChatCompletionMessageFunctionToolCall
 
-from forge_nb.agents.tools import ToolSet, tool_schema
+from forge_nb.agents.tools import ToolSet, UnknownToolError, tool_schema
 
 
 def add(a: int, b: int) -> int:
@@ -69,22 +70,27 @@ def test_raising_unknown_bad_json_and_bad_arguments_give_counted_error_observati
     seen = []
     tools = ToolSet([add, explode], on_result=seen.append)
 
-    async def calls():
-        return [
-            await tools.call("explode", {"text": "x"}),
-            await tools.call("divide", {"a": 1}),
-            await tools.call("add", '{"a": 1, "b": '),
-            await tools.call("add", {"a": 1, "c": 2}),
-            await tools.call("", "{"),
-        ]
+    def call(name, arguments):  # as the model writes them
+        return {"id": "c", "function": {"name": name, "arguments": arguments}}
 
-    results = asyncio.run(calls())
-    assert all(r.error for r in results) and len(seen) == 5
-    assert results[0].content == "Error: tool explode raised ValueError: cannot handle 'x'"
-    assert "unknown tool 'divide'" in results[1].content and "['add', 'explode']" in results[1].content
-    assert "not valid JSON" in results[2].content
-    assert "bad arguments for add" in results[3].content
-    assert "no name" in results[4].content
+    messages = asyncio.run(
+        tools.run(
+            [
+                call("explode", {"text": "x"}),
+                call("divide", {"a": 1}),
+                call("add", '{"a": 1, "b": '),
+                call("add", {"a": 1, "c": 2}),
+                call("", "{"),
+            ]
+        )
+    )
+    contents = [m["content"] for m in messages]
+    assert sorted(contents) == sorted(r.content for r in seen) and all(r.error for r in seen) and len(seen) == 5
+    assert contents[0] == "Error: tool explode raised ValueError: cannot handle 'x'"
+    assert "unknown tool 'divide'" in contents[1] and "['add', 'explode']" in contents[1]
+    assert "not valid JSON" in contents[2]
+    assert "bad arguments for add" in contents[3]
+    assert "no name" in contents[4]
     assert (tools.calls, tools.errors) == (5, 5)
 
 
@@ -122,3 +128,10 @@ def test_run_takes_openai_tool_call_objects_and_returns_tool_messages_in_order()
     messages = asyncio.run(ToolSet([add]).run(calls))
     expected = [{"role": "tool", "tool_call_id": f"call_{i}", "name": "add", "content": str(i + 1)} for i in range(3)]
     assert messages == expected
+
+
+def test_the_rollouts_own_call_of_an_unknown_tool_raises():
+    tools = ToolSet([add])
+    with pytest.raises(UnknownToolError, match=r"no tool 'search'; the tools are \['add'\]"):
+        asyncio.run(tools.call("search", {"q": "x"}))
+    assert tools.calls == 0

@@ -1,4 +1,4 @@
-"""Weight refresh between real actors: both transports, replicas, and refresh during training."""
+"""Weight refresh between real actors: every transport, replicas, and refresh during training."""
 
 import threading
 
@@ -26,7 +26,7 @@ def up():
     assert wait_no_children() == []
 
 
-@pytest.mark.parametrize("transport", ["rdma", "shm"])
+@pytest.mark.parametrize("transport", ["rdma", "shm", "tcp"])
 def test_refresh_over_each_transport_gives_the_trainers_exact_weights(up, transport):
     s = up(transport=transport)
     assert s.status()["weights_transport"] == transport
@@ -50,7 +50,7 @@ def test_two_generator_replicas_refresh_in_parallel(up):
     assert {c for _, c in sums["generator_replicas"]} == {sums["trainer"][1]}
 
 
-@pytest.mark.parametrize("transport", ["shm", "rdma"])
+@pytest.mark.parametrize("transport", ["shm", "rdma", "tcp"])
 def test_generator_always_holds_exactly_one_published_version_while_the_trainer_steps(up, transport):
     s = up(transport=transport)
     rollout = s.rollout()

@@ -5,6 +5,7 @@ from forge_nb.agents.tasks.calculator import (
     calculator,
     calculator_problems,
     calculator_rollout,
+    expression_rollout,
 )
 from forge_nb.agents.tasks.guess_number import GuessTheNumber, guess_number_rows
 
@@ -14,5 +15,6 @@ __all__ = [
     "calculator",
     "calculator_problems",
     "calculator_rollout",
+    "expression_rollout",
     "guess_number_rows",
 ]

@@ -3,6 +3,8 @@
 Rows come from `forge_nb.tasks.word_problems` (seeded, answers are integers) with a system prompt that
 offers the tool; `calculator_rollout` is the agent loop (call the model with the tool, run its tool
 calls, repeat until it answers); the reward is 1.0 when the last number of its answer is the target.
+`expression_rollout` is a fixed two-turn agent for models that do not write tool calls yet (SmolLM2-135M
+never does): the model writes the calculation, the loop runs it on the calculator, the model answers.
 `calculator` evaluates arithmetic by walking the expression's syntax tree: numbers, + - * / // % **
 and parentheses only; nothing is ever `eval`-ed.
 """
@@ -21,6 +23,10 @@ SYSTEM_PROMPT = (
     "Solve the word problem. Use the calculator tool for the arithmetic. "
     "When you know the answer, reply with the final number only."
 )
+EXPRESSION_PROMPT = "Write the calculation that answers the question, for example 6 * 8."
+ANSWER_PROMPT = "The calculator says {expression} = {result}. Reply with the final number only."
+EXPRESSION_BONUS = 0.2  # the first turn's reward for writing a calculation the tool can run
+EXPRESSION = re.compile(r"\d+(?:\s*[-+*/]\s*\d+)+")
 MAX_EXPRESSION_CHARS = 200
 MAX_EXPONENT = 64
 MAX_MAGNITUDE = 10**30
@@ -93,10 +99,7 @@ def answer_reward(answer: str | None, target: str) -> float:
 async def calculator_rollout(client, row: dict, **context: Any) -> float:
     """The agent loop: the model answers or calls the calculator; tool results go back to it until it
     answers (the runner's `Limits` end a loop that never does). -> `answer_reward` of the answer."""
-    tools = context.get("tools")
-    if not isinstance(tools, ToolSet) or "calculator" not in tools.functions:
-        trajectory = context.get("trajectory")
-        tools = ToolSet([calculator], on_result=trajectory.record_tool if trajectory is not None else None)
+    tools = _calculator_tools(context)
     messages: list[Any] = list(row["prompt"])
     while True:
         response = await client.chat.completions.create(messages=messages, tools=tools)
@@ -105,3 +108,31 @@ async def calculator_rollout(client, row: dict, **context: Any) -> float:
         if not message.tool_calls:
             return answer_reward(message.content, row["answer"])
         messages.extend(await tools.run(message.tool_calls))
+
+
+async def expression_rollout(client, row: dict, **context: Any) -> float:
+    """Two turns: the model writes the calculation (`EXPRESSION_PROMPT`), the loop runs the first one it
+    finds on the calculator (in the env procs, counted as a tool call), the model answers from the result.
+    -> `answer_reward` of the answer; the first turn earns `EXPRESSION_BONUS` (a per-turn reward) when it
+    holds a calculation, and a reply with none ends the trajectory with reward 0."""
+    tools, trajectory = _calculator_tools(context), context["trajectory"]
+    messages: list[Any] = [{"role": "system", "content": EXPRESSION_PROMPT}, row["prompt"][-1]]
+    reply = (await client.chat.completions.create(messages=messages)).choices[0].message
+    found = EXPRESSION.search(reply.content or "")
+    if found is None:
+        return 0.0
+    trajectory.add_reward(EXPRESSION_BONUS)
+    result = await tools.call("calculator", {"expression": found.group()}, "calculation")
+    answer = ANSWER_PROMPT.format(expression=found.group(), result=result.content)
+    messages += [reply, {"role": "user", "content": answer}]
+    reply = (await client.chat.completions.create(messages=messages)).choices[0].message
+    return answer_reward(reply.content, row["answer"])
+
+
+def _calculator_tools(context: dict) -> ToolSet:
+    """The session's tools when they hold the calculator, else a set of its own (counted on the trajectory)."""
+    tools = context.get("tools")
+    if isinstance(tools, ToolSet) and "calculator" in tools.functions:
+        return tools
+    trajectory = context.get("trajectory")
+    return ToolSet([calculator], on_result=trajectory.record_tool if trajectory is not None else None)

@@ -1,0 +1,128 @@
+"""A session across three hosts (network namespaces on one bridge, `forge_nb.tools.netns_hosts`):
+generator, trainer and reward procs each on a host of its own, weights over the trainer's TCP
+streams, and the trainer's link taken down mid-refresh.
+
+The session runs in a real kernel started by the test: Monarch fixes a process's transport at its
+first call, and a hosts session listens on TCP, so it must be the first Monarch use of its process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from forge_nb.tools import netns_hosts
+from tests.notebook.kernel import Kernel
+
+ROOT = Path(__file__).resolve().parents[2]
+PORT = 26600  # inside each namespace: its own network stack, so no other test can hold it
+
+
+@pytest.fixture(scope="module")
+def net():
+    """Three namespace hosts, each running a forge_nb worker; everything removed after the module."""
+    reason = netns_hosts.unavailable_reason()
+    if reason:
+        pytest.skip(f"network namespaces cannot be made here: {reason}")
+    hosts = netns_hosts.HostNet(3, f"t{os.getpid() % 100000}")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    workers = []
+    try:
+        hosts.up()
+        workers = [subprocess.Popen(h.worker_args(PORT), env=env, stdout=subprocess.DEVNULL) for h in hosts.hosts]
+        yield hosts, workers
+    finally:
+        for w in workers:
+            w.kill()
+            w.wait()
+        hosts.down()
+        assert netns_hosts.namespaces(hosts.tag) == []
+
+
+@pytest.fixture(scope="module")
+def kernel(net):
+    k = Kernel()
+    try:
+        k.ok("%load_ext forge_nb")
+        k.ok("from forge_nb.mesh import lifecycle; from forge_nb.mesh.calls import wait; import json")
+        yield k
+    finally:
+        k.run("%forge down")
+        k.stop()
+
+
+def _json(kernel: Kernel, expr: str) -> object:
+    return json.loads(kernel.ok(f"print(json.dumps({expr}, default=str))").strip().splitlines()[-1])
+
+
+def test_session_across_three_hosts_steps_and_refreshes(net, kernel):
+    hosts, _ = net
+    addresses = ",".join(f"tcp://{h.ip}:{PORT}" for h in hosts.hosts)
+    kernel.ok(
+        f"%forge up --hosts {addresses} prompts_per_step=4 group_size=4 threads_per_proc=1 "
+        "weights.stream_timeout_s=1.0",
+        timeout=300,
+    )
+    kernel.ok("s = lifecycle.current()")
+    status = _json(kernel, "s.status()")
+    placed = {role: status["hosts"][role][0].split(":")[0] for role in ("trainer", "generator", "reward")}
+    assert placed == {"trainer": hosts.hosts[0].ip, "generator": hosts.hosts[1].ip, "reward": hosts.hosts[2].ip}
+    assert status["weights_transport"] == "tcp"
+    kernel.ok("%forge step 2", timeout=300)
+    sums = _json(kernel, "s.checksums()")
+    assert sums["generator"] == sums["trainer"] and sums["trainer"][0] == 2
+
+
+def test_trainer_link_down_mid_refresh_keeps_the_served_version_then_recovers(net, kernel):
+    hosts, _ = net
+    served = _json(kernel, "wait(s.actors.generator.checksum.call_one())")
+    kernel.ok("m = s.train(s.rollout())", timeout=300)  # the trainer publishes v3; the generator serves v2
+    hosts.slow("h1", rate_mbit=16)  # the 1.7 MB copy takes ~1 s: the link goes down in the middle of it
+    threading.Timer(0.3, hosts.link, ("h1", False)).start()
+    try:
+        text = kernel.ok("try:\n    s.sync()\nexcept Exception as e:\n    print('SYNC FAILED', e)", timeout=120)
+        assert "SYNC FAILED" in text and "policy v2 stays live" in text and "failed 3 times" in text
+        assert _json(kernel, "wait(s.actors.generator.checksum.call_one())") == served  # not a byte loaded
+    finally:
+        hosts.link("h1", True)
+        hosts.slow("h1")
+    report = _json(kernel, "s.sync()")
+    assert report["version"] == 3 and report["transport"] == "tcp"
+    sums = _json(kernel, "s.checksums()")
+    assert sums["generator"] == sums["trainer"] and sums["trainer"][0] == 3
+    assert _json(kernel, "s.status()['events']") == []  # no proc was replaced
+
+
+def test_brief_outage_mid_refresh_is_retried(net, kernel):
+    hosts, _ = net
+    kernel.ok("m = s.train(s.rollout())", timeout=300)
+    hosts.slow("h1", rate_mbit=16)
+    threading.Timer(0.3, hosts.link, ("h1", False)).start()
+    threading.Timer(1.5, hosts.link, ("h1", True)).start()
+    try:
+        report = _json(kernel, "s.sync()")
+    finally:
+        time.sleep(1.5)
+        hosts.link("h1", True)
+        hosts.slow("h1")
+    assert report["version"] == 4 and report["seconds"] > 1.0  # the copy stalled, then went through
+    assert len(_json(kernel, "s.step(1)['policy_version'].tolist()")) == 1
+
+
+def test_down_stops_every_proc_on_the_hosts(net, kernel):
+    hosts, workers = net
+    kernel.ok("%forge down", timeout=120)
+    deadline = time.monotonic() + 20
+    while True:
+        inside = {h.netns: set(netns_hosts.pids_inside(h.netns)) for h in hosts.hosts}
+        left = {ns: pids - {w.pid} for (ns, pids), w in zip(inside.items(), workers)}
+        if not any(left.values()) or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert not any(left.values()), f"procs left on the hosts after %forge down: {left}"
