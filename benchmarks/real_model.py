@@ -15,13 +15,21 @@ do this), so the table also has forge_nb without that skip, measured over `--nos
 same loss given as a live loss (which is never skipped). Needs `make bench-deps` (TRL) and the model package.
 
     python benchmarks/real_model.py [--minutes 5] [--prompts 8] [--group 4] [--max-tokens 48] [--trl-steps 6]
+
+With --lora the same run also trains a LoRA adapter (rank --rank on every attention and MLP projection,
+`--lora-lr`) in forge_nb and in TRL + peft, so the table has full fine-tuning and LoRA side by side, with each
+trainer's peak RSS (forge_nb: the trainer proc's VmHWM; TRL: this process's, which is TRL's peak).
+
+    python benchmarks/real_model.py --lora [--rank 16] [--lora-lr 2e-4]
 """
 
 from __future__ import annotations
 
 import argparse
+import multiprocessing
 import statistics
 import time
+from concurrent.futures import ProcessPoolExecutor
 
 import torch
 
@@ -47,8 +55,21 @@ def data(args: argparse.Namespace) -> tuple[list[dict], list[dict]]:
     return train, [r for r in others if r["prompt"][0]["content"] not in seen][: args.heldout]
 
 
-def forge_nb_run(args: argparse.Namespace, train: list[dict], heldout: list[dict]) -> dict:
-    """Evaluate, train for `args.minutes`, evaluate; then time steps without the zero-advantage skip."""
+def peak_rss_mb(pid: int | str = "self") -> float:
+    """A process's peak resident memory (VmHWM) in MB."""
+    with open(f"/proc/{pid}/status") as f:
+        kb = next(int(line.split()[1]) for line in f if line.startswith("VmHWM:"))
+    return kb / 1024
+
+
+def lora_settings(args: argparse.Namespace) -> dict:
+    return {"r": args.rank, "alpha": 2 * args.rank, "dropout": 0.0}
+
+
+def forge_nb_run(args: argparse.Namespace, train: list[dict], heldout: list[dict], lora: bool = False) -> dict:
+    """Evaluate, train for `args.minutes`, evaluate; then time steps without the zero-advantage skip.
+    With `lora`, a LoRA adapter trains (at `args.lora_lr`) instead of every weight."""
+    extra = {"lora": lora_settings(args)} if lora else {}
     s = forge_nb.up(
         model=MODEL,
         task={"train": train, "eval": heldout},
@@ -58,10 +79,11 @@ def forge_nb_run(args: argparse.Namespace, train: list[dict], heldout: list[dict
         group_size=args.group,
         max_tokens=args.max_tokens,
         temperature=args.temperature,
-        lr=args.lr,
+        lr=args.lora_lr if lora else args.lr,
         loss="grpo",
         threads_per_proc=args.threads,
         seed=args.seed,
+        **extra,
     )
     try:
         before = s.evaluate()
@@ -76,11 +98,12 @@ def forge_nb_run(args: argparse.Namespace, train: list[dict], heldout: list[dict
                 flush=True,
             )
         after = s.evaluate()
-        timed = [r.step_s for r in rows[args.warmup :]]
+        timed = [r.step_s for r in rows[args.warmup :]] or [r.step_s for r in rows]  # a run of one step: its own
         skipped = s.metrics_stream.to_pandas("train").rows_skipped.iloc[args.warmup :].sum()
         trained = s.metrics_stream.to_pandas("train").tokens.iloc[args.warmup :].size * args.prompts * args.group
         s.set_loss(NOSKIP_LOSS)
         noskip = s.step(args.noskip_steps, progress=False).step_s.tolist()
+        trainer_rss = peak_rss_mb(s.status()["procs"]["trainer"][0])
     finally:
         s.down()
     return {
@@ -92,11 +115,13 @@ def forge_nb_run(args: argparse.Namespace, train: list[dict], heldout: list[dict
         "step_s": statistics.median(timed),
         "noskip_step_s": statistics.median(noskip),
         "skipped_share": skipped / max(1, trained),
+        "rss_mb": trainer_rss,
     }
 
 
-def trl_run(args: argparse.Namespace, train: list[dict]) -> float:
-    """TRL's median seconds per step over `args.trl_steps` steps after one warm-up step."""
+def trl_run(args: argparse.Namespace, train: list[dict], lora: bool = False) -> float:
+    """TRL's median seconds per step over `args.trl_steps` steps after one warm-up step (with `lora`,
+    TRL + peft: a `peft_config` of the same adapter, at `args.lora_lr`)."""
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
@@ -125,7 +150,7 @@ def trl_run(args: argparse.Namespace, train: list[dict]) -> float:
         max_completion_length=args.max_tokens,
         temperature=args.temperature,
         top_p=1.0,
-        learning_rate=args.lr,
+        learning_rate=args.lora_lr if lora else args.lr,
         loss_type="grpo",
         scale_rewards="group",
         beta=0.0,
@@ -149,11 +174,44 @@ def trl_run(args: argparse.Namespace, train: list[dict]) -> float:
         train_dataset=Dataset.from_list([{"prompt": r["prompt"], "answer": r["answer"]} for r in train]),
         processing_class=AutoTokenizer.from_pretrained(path),
         callbacks=[times],
+        peft_config=_peft_config(args) if lora else None,
     )
     start = time.perf_counter()
     trainer.train()
     ends = [start, *times.times]
     return statistics.median(b - a for a, b in zip(ends[1:], ends[2:]))
+
+
+def _peft_config(args: argparse.Namespace):
+    from forge_nb.config import Config
+    from forge_nb.lora.targets import peft_config
+
+    return peft_config(Config().updated({"lora": lora_settings(args)}).lora)
+
+
+def _trl_lora_child(args: argparse.Namespace, train: list[dict]) -> tuple[float, float]:
+    torch.set_num_threads(args.threads)
+    return trl_run(args, train, lora=True), peak_rss_mb()
+
+
+def lora_table(args: argparse.Namespace, train: list[dict], heldout: list[dict], full: dict, trl: float) -> None:
+    """forge_nb LoRA and TRL + peft beside the full fine-tuning runs: steps/s, accuracy, trainer peak RSS."""
+    ours = forge_nb_run(args, train, heldout, lora=True)
+    torch.set_num_threads(args.threads)
+    trl_full_rss = peak_rss_mb()  # TRL full ran in this process already: its peak so far
+    # TRL + peft in a fresh process of its own: a peak RSS never goes down, so this one's would hide it.
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        trl_lora, trl_lora_rss = pool.submit(_trl_lora_child, args, train).result()
+    print(f"\nLoRA r={args.rank} (alpha {2 * args.rank}, lr {args.lora_lr:g}) vs full fine-tuning (lr {args.lr:g})\n")
+    print(f"{'':<34}{'s/step':>8}{'steps/s':>9}{'vs TRL full':>12}{'accuracy before -> after':>27}{'peak RSS MB':>13}")
+    rows = [
+        ("forge_nb full", full["step_s"], f"{full['before']:.3f} -> {full['after']:.3f}", full["rss_mb"]),
+        ("forge_nb LoRA", ours["step_s"], f"{ours['before']:.3f} -> {ours['after']:.3f}", ours["rss_mb"]),
+        ("TRL GRPOTrainer full", trl, "", trl_full_rss),
+        ("TRL GRPOTrainer + peft LoRA", trl_lora, "", trl_lora_rss),
+    ]
+    for name, seconds, accuracy, rss in rows:
+        print(f"{name:<34}{seconds:>8.2f}{1 / seconds:>9.3f}{trl / seconds:>11.2f}x{accuracy:>27}{rss:>13.0f}")
 
 
 def main() -> None:
@@ -173,6 +231,9 @@ def main() -> None:
     parser.add_argument("--noskip-steps", type=int, default=4)
     parser.add_argument("--trl-steps", type=int, default=6)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--lora", action="store_true", help="also LoRA, in forge_nb and in TRL + peft")
+    parser.add_argument("--rank", type=int, default=16)
+    parser.add_argument("--lora-lr", type=float, default=2e-4)
     args = parser.parse_args()
     train, heldout = data(args)
     ours = forge_nb_run(args, train, heldout)
@@ -197,6 +258,8 @@ def main() -> None:
     for name, seconds in table:
         print(f"{name:<56}{seconds:>8.2f}{1 / seconds:>9.3f}{trl / seconds:>7.2f}x")
     print(f"\nsequences skipped by forge_nb's trainer (zero advantage): {ours['skipped_share']:.0%}")
+    if args.lora:
+        lora_table(args, train, heldout, ours, trl)
 
 
 if __name__ == "__main__":

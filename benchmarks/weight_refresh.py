@@ -10,6 +10,8 @@ memcpy            in-process tensor copy
   python benchmarks/weight_refresh.py [--sizes-mb 16 256 1024]
   python benchmarks/weight_refresh.py --hosts [--fanout 1 2 4]   # across namespace hosts (root): see
                                                                   # weight_refresh_hosts.py
+  python benchmarks/weight_refresh.py --lora smollm2-135m-instruct [--engines torch vllm]   # full vs LoRA
+                                                  # adapter refresh of a real model: see weight_refresh_lora.py
 """
 
 from __future__ import annotations
@@ -167,11 +169,19 @@ def main() -> None:
     parser.add_argument("--sizes-mb", type=int, nargs="+", default=[16, 256, 1024])
     parser.add_argument("--hosts", action="store_true", help="across network-namespace hosts (needs root)")
     parser.add_argument("--fanout", type=int, nargs="+", default=[1, 2, 4], help="generator hosts (--hosts)")
+    parser.add_argument("--lora", metavar="MODEL", default="", help="a model's full vs LoRA adapter refresh")
+    parser.add_argument("--engines", nargs="+", default=["torch"], help="with --lora: torch and/or vllm")
+    parser.add_argument("--rank", type=int, default=16)
+    parser.add_argument("--refreshes", type=int, default=4)
     args = parser.parse_args()
     if args.hosts:
         from weight_refresh_hosts import run
 
         return run(args.sizes_mb, args.fanout)
+    if args.lora:
+        from weight_refresh_lora import lora_table
+
+        return lora_table(args.lora, args.engines, args.rank, args.refreshes)
     rows = []
     for mb in args.sizes_mb:
         size = mb << 20

@@ -75,9 +75,12 @@ class Checkpoints:
 
     @staticmethod
     def save_model(path: str | Path, roles: Roles, tokenizer: Any) -> int:
-        """The trainer's current weights and the tokenizer as an HF model directory -> their policy version."""
+        """The trainer's current weights and the tokenizer as an HF model directory -> their policy version.
+        With LoRA: the adapter in peft's format, and the merged model in path/merged (`Trainer.save`)."""
         version = roles.save(str(path))
-        tokenizer.save_pretrained(str(path))
+        for folder in (Path(path), Path(path) / "merged"):
+            if folder.is_dir():
+                tokenizer.save_pretrained(str(folder))
         return version
 
     def due(self, step: int) -> bool:

@@ -4,7 +4,8 @@
 
 - ``config.yaml``: the session's configuration, as it is run (``mesh.kind: local`` -- the script runs
   on the node Slurm gives it -- and ``model.path`` at the checkpoint when the policy has trained).
-- ``checkpoint/``: the trainer's current weights and the tokenizer (HF format), when version > 0.
+- ``checkpoint/``: the trainer's current weights and the tokenizer (HF format), when version > 0; with
+  LoRA the adapter (peft's format) and the merged model in ``checkpoint/merged/``.
 - ``reward.py`` (and ``reward_<name>.py`` for each other live reward), ``loss.py``: the live sources.
 - ``manifest.json``: where everything came from (versions, what was changed in the config), and the
   number of steps the exported run takes.
@@ -49,7 +50,9 @@ def export_bundle(
     if save_checkpoint is not None:
         checkpoint = out / "checkpoint"
         save_checkpoint(checkpoint)
-        changed["model.path"] = [config.model.path, str(checkpoint)]
+        # A LoRA checkpoint is the adapter, with the merged model beside it: the run goes on from the latter.
+        weights = checkpoint / "merged" if config.lora.enabled else checkpoint
+        changed["model.path"] = [config.model.path, str(weights)]
     if config.mesh.kind != "local":
         changed["mesh.kind"] = [config.mesh.kind, "local"]
     if config.engine.name == "auto":  # pin what served the notebook ($FORGE_NB_ENGINE, vLLM installed or not)

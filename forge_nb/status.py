@@ -31,6 +31,30 @@ def session_status(
         "reward_errors": len(st.reward_errors),
         "last_reward_errors": st.reward_errors[-3:],
         "model": str(st.config.model.resolved_path()),
+        "trainer": trainer_sizes(actors),
         "run_dir": str(run_dir),
         "log_errors": [e for e in [st.rollout_log and st.rollout_log.error, *st.trackers.errors] if e],
     }
+
+
+SIZES = ("lora", "trainable_params", "total_params", "adapter_bytes", "refresh_bytes")
+
+
+def trainer_sizes(actors: Roles | None) -> dict[str, Any]:
+    """What the trainer trains and ships: whether it is a LoRA adapter, trainable and total parameters,
+    the adapter's bytes (0 without LoRA) and the bytes one refresh moves (`Trainer.sizes`); {} when down."""
+    infos = actors.info.get("trainer") or [] if actors is not None else []
+    details = infos[0].details if infos else {}
+    return {k: details[k] for k in SIZES if k in details}
+
+
+def sizes_line(sizes: dict[str, Any]) -> str:
+    """One line for the dashboard: "LoRA: 1.84M of 136M params trained (1.4%), adapter 7.4 MB, refresh 7.4 MB"."""
+    if "trainable_params" not in sizes:
+        return ""
+    trained, total = sizes["trainable_params"], sizes["total_params"]
+    what = "LoRA" if sizes.get("lora") else "full"
+    line = f"{what}: {trained / 1e6:.3g}M of {total / 1e6:.3g}M params trained ({100 * trained / total:.3g}%)"
+    if sizes.get("lora"):
+        line += f", adapter {sizes['adapter_bytes'] / 1e6:.3g} MB"
+    return f"{line}, refresh {sizes['refresh_bytes'] / 1e6:.3g} MB"

@@ -11,16 +11,19 @@ from monarch.actor import endpoint
 from safetensors.torch import save_file
 
 from forge_nb.actors.base import AsyncForgeActor
-from forge_nb.config import Config
+from forge_nb.config import Config, LoraConfig
 from forge_nb.engines import load_engine
 from forge_nb.engines.base import Completion, SamplingParams
+from forge_nb.lora.serve import ServedAdapter, read_adapter, served_adapter
 from forge_nb.weights.manifest import WeightManifest, checksum
 from forge_nb.weights.refresh import RefreshReport, WeightReceiver
 
 
 @dataclass(frozen=True)
 class GeneratorSpec:
-    """What a generator serves: `model_dir` in `dtype` with engine `engine` ("torch" or "vllm")."""
+    """What a generator serves: `model_dir` in `dtype` with engine `engine` ("torch" or "vllm"); with
+    `lora`, the base model plus a LoRA adapter that refreshes replace (`forge_nb.lora.serve`), the one
+    saved in `adapter_dir` to start with (a checkpoint's)."""
 
     model_dir: str
     dtype: str
@@ -28,6 +31,8 @@ class GeneratorSpec:
     engine: str = "torch"
     engine_options: dict = field(default_factory=dict)  # vLLM's: max_model_len, seed, kv_cache_mb, ...
     version: int = 0  # the policy version `model_dir` holds (a checkpoint's, when resuming)
+    lora: LoraConfig | None = None
+    adapter_dir: str = ""
 
     @classmethod
     def from_config(cls, config: Config, engine: str) -> GeneratorSpec:
@@ -39,8 +44,11 @@ class GeneratorSpec:
                 "kv_cache_mb": e.kv_cache_mb,
                 "gpu_memory_utilization": e.gpu_memory_utilization,
             }
+        lora = config.lora if config.lora.enabled else None
+        if engine == "vllm" and lora is not None:
+            options["max_lora_rank"] = lora.r
         model_dir = str(config.model.resolved_path())
-        return cls(model_dir, config.serve_dtype, config.mesh.threads_per_proc, engine, options)
+        return cls(model_dir, config.serve_dtype, config.mesh.threads_per_proc, engine, options, lora=lora)
 
 
 @dataclass(frozen=True)
@@ -66,6 +74,11 @@ class Generator(AsyncForgeActor):
         self._begin(spec.threads)
         self.engine = load_engine(spec.engine, spec.model_dir, getattr(torch, spec.dtype), **spec.engine_options)
         self.receiver: WeightReceiver | None = None
+        self.adapter: ServedAdapter | None = None
+        if spec.lora is not None:
+            self.adapter = served_adapter(self.engine, spec.engine, spec.lora)
+            if spec.adapter_dir:
+                self.adapter.load(read_adapter(spec.adapter_dir).items(), spec.version)
         self._loaded_version = spec.version  # what `model_dir` holds, until a receiver is attached
         self._ready(engine=spec.engine)
 
@@ -90,7 +103,10 @@ class Generator(AsyncForgeActor):
     @endpoint
     async def save_weights(self, path: str) -> int:
         """Write the weights served now as `path`/model.safetensors (HF names: the torch engine only;
-        vLLM keeps its own fused layout) -> their policy version."""
+        vLLM keeps its own fused layout), or with LoRA the adapter served -> their policy version."""
+        if self.adapter is not None:
+            self.adapter.save(path)
+            return self.version
         Path(path).mkdir(parents=True, exist_ok=True)
         tensors = {name: t.contiguous() for name, t in self.engine.named_weights()}
         save_file(tensors, str(Path(path) / "model.safetensors"), metadata={"format": "pt"})
@@ -98,14 +114,20 @@ class Generator(AsyncForgeActor):
 
     @endpoint
     async def refresh(self, version: int) -> RefreshReport:
-        """Load published `version` (batch boundary: never runs while `generate` does)."""
-        return await self.receiver.refresh(version, self.engine.load_weights)
+        """Load published `version` (batch boundary: never runs while `generate` does); with LoRA the
+        published tensors are the adapter's."""
+        if self.adapter is None:
+            return await self.receiver.refresh(version, self.engine.load_weights)
+        return await self.receiver.refresh(version, lambda named: self.adapter.load(named, version))
 
     # -- diagnostics: for tests and debugging, never on the training path ----------------------
 
     @endpoint
     async def checksum(self) -> tuple[int, str]:
-        """(policy version, checksum of the served weights in the engine's own layout)."""
+        """(policy version, checksum of the served weights in the engine's own layout; with LoRA, of the
+        adapter served, comparable with the trainer's)."""
+        if self.adapter is not None:
+            return self.version, checksum(self.adapter.tensors.items())
         return self.version, checksum(self.engine.named_weights())
 
     @endpoint

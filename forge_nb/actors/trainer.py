@@ -12,9 +12,10 @@ from transformers import AutoModelForCausalLM
 
 from forge_nb.actors.base import ForgeActor
 from forge_nb.actors.model_spec import ModelSpec
-from forge_nb.config import AlgorithmConfig, Config
+from forge_nb.config import AlgorithmConfig, Config, LoraConfig
 from forge_nb.live.capture import LiveCode, compile_function
 from forge_nb.live.validate import CheckFailed, check_loss_value
+from forge_nb.lora import adapter
 from forge_nb.rl.batch import TrainBatch
 from forge_nb.rl.prefix_batch import completion_logprobs
 from forge_nb.rl.train_step import NonFiniteGradient, policy_update
@@ -31,7 +32,8 @@ class LossFailed(RuntimeError):
 @dataclass(frozen=True)
 class TrainerSpec(ModelSpec):
     """The trainable model (`ModelSpec`), its optimisation (`algorithm`, the loss it starts with), and
-    how it publishes weights (`serve_dtype`, RDMA chunks of `chunk_mb`)."""
+    how it publishes weights (`serve_dtype`, RDMA chunks of `chunk_mb`). With `lora`, only a LoRA
+    adapter on the frozen base trains, and only the adapter is published."""
 
     algorithm: AlgorithmConfig
     loss: LiveCode
@@ -39,6 +41,7 @@ class TrainerSpec(ModelSpec):
     chunk_mb: int
     resume_from: str = ""  # a checkpoint's trainer/ folder (`save_state`): weights, optimizer, RNG, versions
     loss_version: int = 0
+    lora: LoraConfig | None = None
 
     @classmethod
     def from_config(cls, config: Config, pad_id: int, loss: LiveCode) -> TrainerSpec:
@@ -49,6 +52,7 @@ class TrainerSpec(ModelSpec):
             loss=loss,
             serve_dtype=config.serve_dtype,
             chunk_mb=config.weights.chunk_mb,
+            lora=config.lora if config.lora.enabled else None,
         )
 
 
@@ -72,8 +76,9 @@ class TrainResult:
 
 
 class Trainer(ForgeActor):
-    """Holds the model and AdamW state. Its policy version (optimizer steps taken; 0 = as loaded) is
-    the one its publisher last stamped: `version`."""
+    """Holds the model and AdamW state (of the trainable parameters: every weight, or the LoRA adapter's).
+    Its policy version (optimizer steps taken; 0 = as loaded) is the one its publisher last stamped:
+    `version`. With LoRA it is also the reference model: the base with the adapter off."""
 
     role = "trainer"
 
@@ -81,17 +86,34 @@ class Trainer(ForgeActor):
         self._begin(spec.threads)
         torch.manual_seed(0)
         self.device = torch.device(spec.device)
-        source = spec.resume_from or spec.model_dir
+        self.lora = spec.lora
+        # With LoRA a checkpoint holds the adapter only: the base always comes from the model's directory.
+        source = spec.model_dir if self.lora else (spec.resume_from or spec.model_dir)
         model = AutoModelForCausalLM.from_pretrained(source, dtype=getattr(torch, spec.dtype))
+        if self.lora:
+            model = adapter.wrap(model, self.lora, spec.resume_from)
         self.model = model.to(self.device)
         self.algorithm = spec.algorithm
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=spec.algorithm.lr, weight_decay=0.0)
+        trainable = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(trainable, lr=spec.algorithm.lr, weight_decay=0.0)
         self._use_loss(spec.loss, spec.loss_version)
         self.pad_id, self.temperature = spec.pad_id, spec.temperature
         version = self._load_state(spec.resume_from) if spec.resume_from else 0
         serve_dtype = getattr(torch, spec.serve_dtype)
-        self.publisher = WeightPublisher(self.model.named_parameters(), version, serve_dtype, spec.chunk_mb)
-        self._ready(device=spec.device)
+        self.publisher = WeightPublisher(self._published(), version, serve_dtype, spec.chunk_mb)
+        self._ready(device=spec.device, lora=bool(self.lora), **self.sizes())
+
+    def _published(self) -> list[tuple[str, torch.Tensor]]:
+        """What a refresh ships: every parameter, or with LoRA the adapter's (peft's saved names)."""
+        return adapter.adapter_tensors(self.model) if self.lora else list(self.model.named_parameters())
+
+    def sizes(self) -> dict[str, int]:
+        """Trainable and total parameters, the adapter's bytes (0 without LoRA) and the bytes of a
+        published snapshot (what one refresh moves, its 64-byte header and alignment included)."""
+        counts = adapter.parameter_counts(self.model)
+        if not self.lora:
+            counts["adapter_bytes"] = 0
+        return {**counts, "refresh_bytes": self.publisher.nbytes}
 
     @property
     def version(self) -> int:
@@ -132,7 +154,7 @@ class Trainer(ForgeActor):
         except Exception as e:
             raise LossFailed(f"loss v{self.loss_version} raised {type(e).__name__}: {e}; no step was taken") from None
         stepped = time.perf_counter()
-        self.publisher.publish(self.model.named_parameters(), self.version + 1)
+        self.publisher.publish(self._published(), self.version + 1)
         end = time.perf_counter()
         token_logprobs = [row[: len(c)] for row, c in zip(logprobs.cpu().tolist(), batch.completion_ids)]
         return TrainResult(self.version, self.loss_version, metrics, end - start, end - stepped, token_logprobs)
@@ -149,14 +171,19 @@ class Trainer(ForgeActor):
 
     @endpoint
     def save(self, path: str) -> int:
-        """Write the current weights as an HF model directory (config.json + safetensors) -> version."""
-        self.model.save_pretrained(path)
+        """Write the current weights as an HF model directory (config.json + safetensors) -> version.
+        With LoRA: the adapter in peft's format at `path` and the merged model at path/merged."""
+        if self.lora:
+            adapter.save(self.model, path, merged=True)
+        else:
+            self.model.save_pretrained(path)
         return self.version
 
     @endpoint
     def save_state(self, path: str) -> int:
-        """Write what resuming needs exactly: the weights (HF directory) and, beside them,
-        `trainer_state.pt` with the optimizer state, the RNG state and the policy version -> version."""
+        """Write what resuming needs exactly: the weights (HF directory; with LoRA the adapter, in peft's
+        format) and, beside them, `trainer_state.pt` with the optimizer state, the RNG state and the
+        policy version -> version."""
         self.model.save_pretrained(path)
         state = {"optimizer": self.optimizer.state_dict(), "rng": torch.get_rng_state(), "version": self.version}
         torch.save(state, Path(path) / STATE_FILE)
@@ -172,10 +199,17 @@ class Trainer(ForgeActor):
 
     @endpoint
     def checksum(self) -> tuple[int, str]:
-        """(policy version, checksum of the trainer's parameters)."""
-        return self.version, checksum(self.model.named_parameters())
+        """(policy version, checksum of what the trainer publishes: its parameters, or the adapter's)."""
+        return self.version, checksum(self._published())
 
     @endpoint
     def logprobs(self, prompt_ids: list[list[int]], completion_ids: list[list[int]]) -> list[list[float]]:
         """Recompute the completions' token logprobs under the current weights (no grad)."""
         return completion_logprobs(self.model, prompt_ids, completion_ids, self.pad_id, self.temperature)
+
+    @endpoint
+    def reference_logprobs(self, prompt_ids: list[list[int]], completion_ids: list[list[int]]) -> list[list[float]]:
+        """LoRA only: the reference model's logprobs, i.e. the base's with the adapter off (no second
+        copy of the weights; the `Reference` actor's contract)."""
+        with self.model.disable_adapter():
+            return completion_logprobs(self.model, prompt_ids, completion_ids, self.pad_id, self.temperature)

@@ -17,6 +17,7 @@ from typing import Any
 import yaml
 
 from forge_nb.config.agent import AgentConfig
+from forge_nb.config.lora import LoraConfig
 from forge_nb.config.sections import (
     TASK_NAMES,
     AlgorithmConfig,
@@ -45,6 +46,7 @@ __all__ = [
     "EvalConfig",
     "LiveConfig",
     "LogConfig",
+    "LoraConfig",
     "MeshConfig",
     "ModelConfig",
     "SlurmConfig",
@@ -69,11 +71,16 @@ class Config:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     log: LogConfig = field(default_factory=LogConfig)
     agent: AgentConfig = field(default_factory=AgentConfig)
+    lora: LoraConfig = field(default_factory=LoraConfig)
     seed: int = 0
 
     def validate(self) -> Config:
         for section in _SECTIONS:
             getattr(self, section).validate()
+        if self.lora.enabled:  # needs the model: targets it lacks or layers peft cannot wrap fail here
+            from forge_nb.lora.targets import check_targets
+
+            check_targets(self.model.resolved_path(), self.lora)
         return self
 
     def engine_name(self) -> str:
@@ -103,14 +110,20 @@ class Config:
         """A copy with `values` applied (section dicts, dotted or unique bare names, TRL's GRPOConfig
         names: `config.trl_names`), validated."""
         new = dataclasses.replace(self, **{s: dataclasses.replace(getattr(self, s)) for s in _SECTIONS})
+        names = []  # every field set, dotted
         for key, value in from_trl(values, _is_field).items():
             if key in _SECTIONS and isinstance(value, dict):
-                for sub, v in value.items():
-                    _set(new, f"{key}.{sub}", v)
+                pairs = [(f"{key}.{sub}", v) for sub, v in value.items()]
             elif key in _MAIN_FIELD and isinstance(value, str):
-                _set(new, f"{key}.{_MAIN_FIELD[key]}", value)
+                pairs = [(f"{key}.{_MAIN_FIELD[key]}", value)]
             else:
-                _set(new, _qualify(key), value)
+                pairs = [(_qualify(key), value)]
+            for name, v in pairs:
+                _set(new, name, v)
+                names.append(name)
+        # Giving a lora field (lora={...}, lora.r=8) asks for LoRA, unless lora.enabled is given too.
+        if any(n.startswith("lora.") for n in names) and "lora.enabled" not in names:
+            new.lora.enabled = True
         return new.validate()
 
 
@@ -127,6 +140,7 @@ _SECTIONS = (
     "checkpoint",
     "log",
     "agent",
+    "lora",
 )
 # A section given as a plain string sets its main field: model="smollm2-135m-instruct", engine="vllm", task="addition".
 _MAIN_FIELD = {"model": "path", "engine": "name", "task": "name"}

@@ -148,7 +148,9 @@ class AlgorithmConfig:
     dynamic_sampling: bool = False  # DAPO: leave groups whose rewards are all equal out of the train batch
     overlong_cache: int = 0  # DAPO soft overlong penalty over the last this-many tokens of engine.max_tokens (0: off)
     max_grad_norm: float = 1.0
-    kl_coef: float = 0.0  # beta of the k3 KL to the initial policy; > 0 starts a frozen reference-model actor
+    kl_coef: float = (
+        0.0  # beta of the k3 KL to the initial policy; > 0 starts a frozen reference model (LoRA: the base)
+    )
     reward_weights: list[float] = field(default_factory=list)  # TRL's: weights for rewards.set_reward_funcs
 
     def validate(self) -> None:

@@ -73,6 +73,7 @@ class VllmEngine:
         self.llm = llm
         self.tokenizer = tokenizer
         self.eos_id: int = tokenizer.eos_token_id
+        self.lora = None  # the LoRA adapter served (a vllm LoRARequest), when the policy is an adapter
 
     @classmethod
     def load(
@@ -85,21 +86,27 @@ class VllmEngine:
         kv_cache_mb: int = 512,
         gpu_memory_utilization: float = 0.5,
         warm_up: bool = True,
+        max_lora_rank: int = 0,
     ) -> VllmEngine:
         """Start vLLM on `model_dir` (any HF causal LM directory).
 
         On CPU the KV cache gets `kv_cache_mb` MiB (vLLM's own default reserves a share of all RAM);
         on GPU it gets `gpu_memory_utilization` of the device (the trainer may share it).
         `warm_up` runs one tiny generation, so the first real batch does not pay vLLM's lazy
-        initialisation (~25 s on 2 CPU cores).
+        initialisation (~25 s on 2 CPU cores). `max_lora_rank` > 0 serves LoRA adapters of up to that
+        rank (`use_adapter`).
         """
         _in_process_engine_env()
         log = Path(tempfile.gettempdir()) / f"forge_nb_vllm_{os.getpid()}.log"
         with _output_to(log):
-            return cls._start(model_dir, dtype, max_model_len, seed, kv_cache_mb, gpu_memory_utilization, warm_up)
+            return cls._start(
+                model_dir, dtype, max_model_len, seed, kv_cache_mb, gpu_memory_utilization, warm_up, max_lora_rank
+            )
 
     @classmethod
-    def _start(cls, model_dir, dtype, max_model_len, seed, kv_cache_mb, gpu_memory_utilization, warm_up) -> VllmEngine:
+    def _start(
+        cls, model_dir, dtype, max_model_len, seed, kv_cache_mb, gpu_memory_utilization, warm_up, max_lora_rank
+    ) -> VllmEngine:
         from transformers import AutoConfig, AutoTokenizer
         from vllm import LLM
 
@@ -111,6 +118,8 @@ class VllmEngine:
             # with a token budget that fits the longest prompt.
             context = max_model_len or AutoConfig.from_pretrained(str(model_dir)).max_position_embeddings
             cpu_options = {"enable_chunked_prefill": False, "max_num_batched_tokens": max(8192, context)}
+        if max_lora_rank:  # one adapter at a time: the policy's current version
+            cpu_options |= {"enable_lora": True, "max_lora_rank": _lora_rank(max_lora_rank), "max_loras": 1}
         llm = LLM(
             model=str(model_dir),
             dtype=str(dtype).removeprefix("torch."),
@@ -134,7 +143,7 @@ class VllmEngine:
         encoded = encode_prompts(self.tokenizer, prompts)
         requests = [TokensPrompt(prompt_token_ids=ids) for ids in encoded]
         params = [self._params(sampling, i) for i in range(len(prompts))]
-        outputs = self.llm.generate(requests, params, use_tqdm=False)
+        outputs = self.llm.generate(requests, params, use_tqdm=False, lora_request=self.lora)
         return [[self._completion(ids, o, sampling.stop) for o in out.outputs] for ids, out in zip(encoded, outputs)]
 
     def _params(self, sampling: SamplingParams, prompt_index: int):
@@ -168,7 +177,7 @@ class VllmEngine:
 
         requests = [TokensPrompt(prompt_token_ids=p + c) for p, c in zip(prompt_ids, completion_ids)]
         params = VllmSamplingParams(max_tokens=1, prompt_logprobs=0, detokenize=False)
-        outputs = self.llm.generate(requests, params, use_tqdm=False)
+        outputs = self.llm.generate(requests, params, use_tqdm=False, lora_request=self.lora)
         return [
             [step[token].logprob for token, step in zip(c, out.prompt_logprobs[len(p) :])]
             for p, c, out in zip(prompt_ids, completion_ids, outputs)
@@ -180,11 +189,28 @@ class VllmEngine:
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(named_tensors)})
         self.llm.reset_prefix_cache()
 
+    def use_adapter(self, path: str, version: int) -> None:
+        """Serve the peft adapter folder `path` as policy `version` from the next request on: loaded now
+        (the refresh pays for it, not the next batch) under id version + 1, the previous one removed."""
+        from vllm.lora.request import LoRARequest
+
+        request = LoRARequest(f"policy-v{version}", version + 1, path)
+        self.llm.llm_engine.add_lora(request)
+        previous, self.lora = self.lora, request
+        if previous is not None and previous.lora_int_id != request.lora_int_id:
+            self.llm.llm_engine.remove_lora(previous.lora_int_id)
+
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         """The served parameters under vLLM's names and layout (q/k/v and gate/up fused, CPU-repacked):
         a fingerprint of the served state, equal across replicas, not comparable to the trainer's."""
         model = self.llm.llm_engine.model_executor.driver_worker.worker.model_runner.get_model()
         yield from ((n, p.detach()) for n, p in model.named_parameters())
+
+
+def _lora_rank(r: int) -> int:
+    """The smallest rank vLLM's `max_lora_rank` accepts that holds rank `r`."""
+    allowed = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+    return next((a for a in allowed if a >= r), r)
 
 
 def vllm_available() -> bool:

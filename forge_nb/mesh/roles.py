@@ -102,9 +102,9 @@ class Roles(Supervised):
             self._trainer_spec = TrainerSpec.from_config(config, pad_id, loss)
             reward_version = 0
             if start is not None:
-                self._generator_spec = dataclasses.replace(
-                    self._generator_spec, model_dir=start.generator_dir, version=self.versions.served
-                )
+                # With LoRA the checkpoint holds adapters: the generator serves the base with the saved one.
+                served = {"adapter_dir" if config.lora.enabled else "model_dir": start.generator_dir}
+                self._generator_spec = dataclasses.replace(self._generator_spec, **served, version=self.versions.served)
                 self._trainer_spec = dataclasses.replace(
                     self._trainer_spec, resume_from=start.trainer_dir, loss_version=start.loss_version
                 )
@@ -116,7 +116,9 @@ class Roles(Supervised):
             self.rewards = mesh.spawn("reward", RewardWorker, reward_spec, procs=m.reward_procs)
             self.reference = None
             self._reference_spec = ReferenceSpec.from_config(config, pad_id)
-            if config.algorithm.kl_coef > 0:
+            # With LoRA the trainer answers for the reference: its base with the adapter off, no second copy.
+            self.reference_on_trainer = config.algorithm.kl_coef > 0 and config.lora.enabled
+            if config.algorithm.kl_coef > 0 and not self.reference_on_trainer:
                 self.reference = mesh.spawn("reference", Reference, self._reference_spec)
             self.checker = Checker(mesh, 1, self._checker_replaced)
             self.judges = JudgePool(self, config)  # judge actors, started when a reward first asks one
@@ -135,8 +137,8 @@ class Roles(Supervised):
 
     @property
     def has_reference(self) -> bool:
-        """Whether a reference model runs (`algorithm.kl_coef > 0`)."""
-        return self.reference is not None
+        """Whether a reference model runs (`algorithm.kl_coef > 0`): its own actor, or with LoRA the trainer."""
+        return self.reference is not None or self.reference_on_trainer
 
     @property
     def pids(self) -> dict[str, list[int]]:
@@ -236,8 +238,11 @@ class Roles(Supervised):
 
     def reference_logprobs(self, episodes: list[Episode]) -> Future | None:
         """Ask the reference model for the episodes' logprobs; wait on the future (None: no reference)."""
-        if self.reference is None or not episodes:
+        if not self.has_reference or not episodes:
             return None
+        if self.reference_on_trainer:
+            ids = [e.prompt_ids for e in episodes], [e.completion_ids for e in episodes]
+            return self.trainer.reference_logprobs.call_one(*ids)
         return self.reference.logprobs.call_one([e.prompt_ids for e in episodes], [e.completion_ids for e in episodes])
 
     def attach_reference(self, episodes: list[Episode], reference: Future | None) -> float:
@@ -249,7 +254,7 @@ class Roles(Supervised):
         try:
             logprobs = wait(reference)
         except SupervisionError as e:
-            self.respawn("reference", cause_of(e))
+            self.respawn("trainer" if self.reference_on_trainer else "reference", cause_of(e))
             logprobs = wait(self.reference_logprobs(episodes))
         for e, row in zip(episodes, logprobs):
             e.ref_logprobs = row
@@ -258,10 +263,10 @@ class Roles(Supervised):
     def train_step(self, episodes: list[Episode]) -> TrainResult:
         """One optimizer step on `episodes` (with their reference logprobs when a reference runs:
         rollouts carry them; those made before it existed get them here)."""
-        if self.reference is not None:
+        if self.has_reference:
             missing = [e for e in episodes if e.ref_logprobs is None]
             self.attach_reference(missing, self.reference_logprobs(missing))
-        batch = TrainBatch.of(episodes, self.reference is not None)
+        batch = TrainBatch.of(episodes, self.has_reference)
         result = self._supervised("trainer", lambda: wait(self.trainer.train_step.call_one(batch)))
         self.versions.trained = result.policy_version
         return result

@@ -22,6 +22,7 @@ from plotly.subplots import make_subplots
 from forge_nb.notebook import plots
 from forge_nb.notebook.explorer import Explorer
 from forge_nb.notebook.fit_width import fit_width
+from forge_nb.status import sizes_line, trainer_sizes
 
 PHASES = ("generate_s", "score_s", "reference_s", "train_s", "refresh_s")  # stacked: their sum ~ step time
 JUDGE = ("verdicts_per_s", "latency_s")  # from "judge" rows: the judge's own throughput, and wait per call
@@ -117,6 +118,7 @@ class Dashboard:
             f" &middot; reward v{s.registry.live('reward').version}"
             f" &middot; loss v{s.registry.live('loss').version}{_rollout_version(s)}"
             f" &middot; step {s.step_count} &middot; {state}{error}</span>"
+            f"<br><span class='forge-sizes'>{html.escape(sizes_line(trainer_sizes(getattr(s, 'actors', None))))}</span>"
         )
 
     def _run_state(self) -> str | None:
