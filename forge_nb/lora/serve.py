@@ -54,6 +54,9 @@ class ServedAdapter:
     def load(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
         """Serve adapter `version` from `named_tensors` (views that die with the refresh: copied here)."""
         self.tensors = {name: t.clone() for name, t in named_tensors}
+        prefixes = getattr(self.engine, "prefixes", None)
+        if prefixes is not None:  # the torch engine's kept keys/values belong to the adapter that made them
+            prefixes.clear()
         self._serve(version)
         self.version = version
 
@@ -118,6 +121,8 @@ class LayerAdapter(ServedAdapter):
     def __init__(self, engine, lora: LoraConfig) -> None:
         super().__init__()
         import peft
+
+        self.engine = engine
 
         # peft replaces the target modules inside engine.model, which keeps serving (now with the adapter).
         wrapped = peft.get_peft_model(engine.model, peft_config(lora))

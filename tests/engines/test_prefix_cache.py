@@ -70,3 +70,14 @@ def test_the_cache_keeps_within_its_byte_budget_dropping_the_oldest():
     cache.keep([9, 10, 11, 12], layer)
     assert cache.longest_prefix([1, 2, 3, 4, 0]) is None and cache.longest_prefix([9, 10, 11, 12, 0]) is not None
     assert cache.longest_prefix([9, 10, 11, 12]) is None  # a prompt needs at least one token of its own
+
+
+def test_an_adapter_refresh_forgets_too():
+    from types import SimpleNamespace
+
+    from forge_nb.lora.serve import MergedAdapter
+
+    engine = SimpleNamespace(prefixes=PrefixCache(), named_weights=lambda: iter(()))
+    engine.prefixes.keep([1, 2], [(torch.zeros(1, 2, 1), torch.zeros(1, 2, 1))])
+    MergedAdapter(engine, scale=2.0).load([], version=1)
+    assert engine.prefixes.longest_prefix([1, 2, 3]) is None
