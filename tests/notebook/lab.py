@@ -74,6 +74,9 @@ def jupyter_lab(root: Path, token: str = "forge-nb-test") -> Iterator[str]:
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=(root / "server.log").open("w"),
+        # SIGINT stops it below; a suite started in the background (`cmd &` in a script) ignores SIGINT, and a
+        # child inherits that: the server would never stop.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 60
