@@ -78,7 +78,11 @@ def test_lora_on_the_torch_engine_trains_syncs_resumes_and_exports(tmp_path):
         s.step(1)
         a = s.checksums(), s.metrics_stream.to_pandas("step")[["loss", "policy_version"]]
         s.save_checkpoint(tmp_path / "export")
-        trained = wait(s.actors.trainer.logprobs.call_one([[1, 2, 3, 4]], [[5, 6, 7]]))
+        # A real answer: arbitrary ids ([1, 2, 3, 4] -> [5, 6, 7]) sit near logprob -24, where float32 sums of a
+        # merged and an unmerged adapter differed by 1.03e-3 in one suite run.
+        prompt = s.tokenizer("What is 17 + 25?")["input_ids"]
+        answer = s.tokenizer(" 42", add_special_tokens=False)["input_ids"] + [s.tokenizer.eos_token_id]
+        trained = wait(s.actors.trainer.logprobs.call_one([prompt], [answer]))
     finally:
         s.down()
     r = forge_nb.resume(tmp_path / "ck")
@@ -93,8 +97,9 @@ def test_lora_on_the_torch_engine_trains_syncs_resumes_and_exports(tmp_path):
     base = AutoModelForCausalLM.from_pretrained(r.config.model.resolved_path())
     exported = peft.PeftModel.from_pretrained(base, tmp_path / "export").eval()
     with torch.no_grad():
-        logits = exported(torch.tensor([[1, 2, 3, 4, 5, 6]])).logits[0].log_softmax(-1)
-    assert max_diff(trained, [[logits[i, t].item() for i, t in zip((3, 4, 5), (5, 6, 7))]]) < TOLERANCE
+        logits = exported(torch.tensor([prompt + answer])).logits[0].log_softmax(-1)
+    exported_logprobs = [logits[len(prompt) - 1 + k, t].item() for k, t in enumerate(answer)]
+    assert max_diff(trained, [exported_logprobs]) < TOLERANCE
     assert (tmp_path / "export" / "merged" / "config.json").is_file()
 
 
