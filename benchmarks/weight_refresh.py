@@ -98,10 +98,11 @@ class Receiver(Actor):
         return time.perf_counter() - start
 
 
-def _gloo_worker(rank: int, size_bytes: int, reps: int, port: int, out) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+def gloo_broadcast_seconds(rank: int, world: int, size_bytes: int, reps: int) -> float:
+    """This rank's median seconds of a gloo broadcast of `size_bytes` from rank 0 (MASTER_ADDR / MASTER_PORT
+    set by the caller), after one warm-up broadcast."""
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=2)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
     t = torch.ones(size_bytes // 4) if rank == 0 else torch.zeros(size_bytes // 4)
     dist.broadcast(t, src=0)  # warm-up
     times = []
@@ -110,9 +111,15 @@ def _gloo_worker(rank: int, size_bytes: int, reps: int, port: int, out) -> None:
         start = time.perf_counter()
         dist.broadcast(t, src=0)
         times.append(time.perf_counter() - start)
-    if rank == 1:
-        out.put(statistics.median(times))
     dist.destroy_process_group()
+    return statistics.median(times)
+
+
+def _gloo_worker(rank: int, size_bytes: int, reps: int, port: int, out) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    seconds = gloo_broadcast_seconds(rank, 2, size_bytes, reps)
+    if rank == 1:
+        out.put(seconds)
 
 
 def gloo_seconds(size_bytes: int, reps: int) -> float:

@@ -77,22 +77,10 @@ def gloo_seconds(net, size_bytes: int, ranks: int, reps: int) -> float:
 
 
 def _gloo_rank(rank: int, world: int, master: str, size_bytes: int, reps: int) -> None:
-    import torch
-    import torch.distributed as dist
+    from weight_refresh import gloo_broadcast_seconds
 
     os.environ.update(MASTER_ADDR=master, MASTER_PORT=str(PORT + 1))
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    t = torch.ones(size_bytes // 4) if rank == 0 else torch.zeros(size_bytes // 4)
-    dist.broadcast(t, src=0)  # warm-up
-    times = []
-    for _ in range(reps):
-        dist.barrier()
-        start = time.perf_counter()
-        dist.broadcast(t, src=0)
-        times.append(time.perf_counter() - start)
-    dist.destroy_process_group()
-    print(statistics.median(times), flush=True)
+    print(gloo_broadcast_seconds(rank, world, size_bytes, reps), flush=True)
 
 
 def mesh_seconds(hosts, size_bytes: int, fanout: list[int], reps: int) -> dict[str, float]:
