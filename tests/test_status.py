@@ -3,9 +3,9 @@
 from types import SimpleNamespace
 
 from forge_nb.actors.base import ActorInfo
-from forge_nb.metrics import MetricsStream
 from forge_nb.notebook.dashboard import Dashboard
 from forge_nb.status import sizes_line, trainer_sizes
+from tests.notebook.stand_in import dashboard_session
 
 LORA = {"lora": True, "trainable_params": 4_884_480, "total_params": 139_399_488, "adapter_bytes": 19_537_920}
 
@@ -31,17 +31,7 @@ def test_the_line_says_lora_params_adapter_and_refresh_bytes():
 
 
 def test_the_dashboard_shows_the_line():
-    live = SimpleNamespace(version=1)
-    session = SimpleNamespace(
-        metrics_stream=MetricsStream(),
-        is_up=True,
-        background=None,
-        trainer_version=2,
-        generator_version=2,
-        step_count=2,
-        registry=SimpleNamespace(live=lambda kind: live, records=[]),
-        actors=_actors({**LORA, "refresh_bytes": 19_537_984}),
-    )
+    session = dashboard_session(actors=_actors({**LORA, "refresh_bytes": 19_537_984}))
     board = Dashboard(session)
     try:
         board.redraw()
