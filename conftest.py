@@ -109,3 +109,20 @@ def pytest_collection_modifyitems(config, items):
         groups.setdefault(path, file_group(path, config.rootpath, cache))
     for item in items:
         item.add_marker(pytest.mark.xdist_group(groups[Path(str(item.path))]))
+    shorten_tutorials(items)
+
+
+def shorten_tutorials(items) -> None:
+    """Tutorials run with the suite's values in their `parameters` cells (fewer steps; see
+    tests/notebook/parameters.py)."""
+    from tests.notebook import parameters
+
+    cells: dict[Path, list] = {}
+    for item in items:
+        if hasattr(item, "cell"):  # nbval's IPyNbCell
+            cells.setdefault(Path(str(item.path)), []).append(item)
+    for path, found in cells.items():
+        values = parameters.values_for(found[0].parent.nb.cells, path.name)  # the whole notebook's
+        for item in found:
+            if values and parameters.is_parameters(item.cell):
+                item.cell.source = parameters.apply(item.cell.source, values)

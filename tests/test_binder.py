@@ -1,7 +1,8 @@
 """binder/ alone builds an environment that runs the quickstart: a copy of the repository (what a clone has),
 a fresh virtualenv of binder/runtime.txt's Python, `pip install -r binder/requirements.txt` from the copy's root,
 then `binder/postBuild`, as repo2docker does; then tutorial 01 executes in that environment's own kernel
-(`jupyter nbconvert --execute`, which stops at the first cell that raises).
+(`jupyter nbconvert --execute`, which stops at the first cell that raises), with the suite's shorter values
+in its parameters cell, as under nbval (tests/notebook/parameters.py).
 
 The build is cached (~/.cache/forge_nb/test-binder/<key>, or $FORGE_NB_TEST_CACHE) under a key that hashes
 everything the build reads: binder/, pyproject.toml (the dependencies of `-e .[models,notebooks]`) and the
@@ -27,6 +28,7 @@ import nbformat
 import pytest
 
 from tests.conftest import wait_no_children
+from tests.notebook import parameters
 
 # A build (no cache) is ~8 min on 2 loaded cores, the tutorial ~3 more: past the suite's 600 s default.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
@@ -154,6 +156,9 @@ def check_environment_and_run_tutorial(repo: Path, venv: Path, env: dict[str, st
     assert "jupyterlab-forge" in run(["python", "-m", "jupyter", "labextension", "list"], repo, env, 120)
     run(["python", "-c", "import importlib.util as u, sys; sys.exit(u.find_spec('vllm') is not None)"], repo, env, 60)
 
+    # As under nbval: the suite's values in the tutorial's parameters cell (tests/notebook/parameters.py).
+    notebook = repo / "notebooks" / f"suite_{TUTORIAL}"
+    nbformat.write(parameters.shortened(nbformat.read(repo / "notebooks" / TUTORIAL, as_version=4), TUTORIAL), notebook)
     executed = tmp_path / "01_executed.ipynb"
     run(
         [
@@ -166,7 +171,7 @@ def check_environment_and_run_tutorial(repo: Path, venv: Path, env: dict[str, st
             "--execute",
             "--ExecutePreprocessor.timeout=600",
             f"--output={executed}",
-            TUTORIAL,
+            notebook.name,
         ],
         repo / "notebooks",
         env,

@@ -2,13 +2,18 @@
 (rollout, train, sync) on both engines, trained only on the policy's tokens, trainer and generator agreeing
 on them; environments (ours and TextArena's, unchanged); bad rollouts refused with the previous one live."""
 
+import dataclasses
+import math
+
 import pytest
 
 import forge_nb
 from forge_nb.agents.adapters.textarena import TextArenaEnv
 from forge_nb.agents.tasks.calculator import calculator, calculator_problems
 from forge_nb.agents.tasks.guess_number import GuessTheNumber
+from forge_nb.live.builtin import builtin_loss
 from forge_nb.live.capture import LiveCodeError
+from forge_nb.rl.losses import LOSSES
 from tests.conftest import wait_no_children
 
 pytestmark = pytest.mark.slow
@@ -64,6 +69,34 @@ def test_the_trainer_scores_the_policy_tokens_as_the_generator_sampled_them(s):
         policy = [i for i, m in enumerate(e.completion_mask) if m]
         diffs = [abs(row.trainer_logprobs[i] - e.logprobs[i]) for i in policy]
         assert max(diffs) < 1e-3
+
+
+def test_every_loss_of_the_family_trains_on_the_policy_tokens_of_trajectories(s):
+    if s.config.engine_name() == "vllm":
+        pytest.skip("the loss runs in the trainer, the same for both engines: checked on the torch engine")
+    s.set_rollout(two_turns, tools=[calculator])
+    for name in LOSSES:
+        algorithm = dataclasses.replace(s.config.algorithm, loss=name)
+        s.set_loss(builtin_loss(algorithm, s.config.engine.max_tokens))
+        r = s.rollout()
+        before = s.checksums()["trainer"][1]
+        m = s.train(r)
+        assert m["tokens"] == sum(e.trained_tokens for e in r.episodes), name
+        assert m["rows_skipped"] == 0 and math.isfinite(m["loss"]), name
+        assert s.checksums()["trainer"][1] != before, name  # the policy tokens moved the weights
+    s.set_loss(version=0)
+
+
+def test_an_async_run_trains_trajectories_within_the_staleness_bound(s):
+    s.set_rollout(two_turns, tools=[calculator])
+    trained_before = s.trainer_version
+    run = s.run(steps=3, mode="async", max_staleness=1)
+    run.wait(600)
+    assert run.state == "finished", run.error
+    assert run.done == 3 and max(run.staleness) <= 1
+    assert s.trainer_version == trained_before + 3
+    table = s.samples(4 * 3)
+    assert table.turns.tolist() == [2] * 12 and (table.trained_tokens > 0).all()
 
 
 def test_environments_run_ours_and_textarenas_unchanged(s):

@@ -12,6 +12,7 @@ import nbformat
 import pytest
 
 from tests.conftest import wait_no_children
+from tests.notebook import parameters
 
 ROOT = Path(__file__).resolve().parents[2]
 TUTORIALS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
@@ -85,3 +86,19 @@ def test_stored_outputs_are_a_whole_run_without_library_noise(path):
         if "plt." in cell.source or ".dashboard()" in cell.source:
             pictures = [o for o in cell.outputs if "image/png" in o.get("data", {})]
             assert pictures, f"{path.name}: no picture stored for {cell.source[:60]!r}"
+
+
+def test_the_suites_shorter_values_name_knobs_the_tutorials_have(monkeypatch):
+    """tests/notebook/parameters.py: each value is assigned in a cell tagged `parameters` of an existing tutorial,
+    and is smaller than the tutorial's own (the suite runs them shorter, never longer)."""
+    monkeypatch.delenv("FORGE_NB_TUTORIALS", raising=False)
+    names = {p.name for p in TUTORIALS}
+    for name, values in parameters.SUITE.items():
+        assert name in names, name
+        cells = nbformat.read(ROOT / "notebooks" / name, as_version=4).cells
+        assert parameters.values_for(cells, name) == values
+        written = "\n".join(c.source for c in cells if parameters.is_parameters(c))
+        for key, value in values.items():
+            assert value < eval(parameters.assigned(written, key).group(0).split("=", 1)[1].split("#")[0]), key
+    with pytest.raises(ValueError, match="assigns STEPS"):
+        parameters.values_for([nbformat.v4.new_code_cell("N = 3")], "01_quickstart.ipynb")
