@@ -1,6 +1,6 @@
 """A session across three hosts (network namespaces on one bridge, `forge_nb.tools.netns_hosts`):
 generator, trainer and reward procs each on a host of its own, weights over the trainer's TCP
-streams, and the trainer's link taken down mid-refresh.
+streams, the trainer's link taken down mid-refresh, and the generator's proc killed on its host.
 
 The session runs in a real kernel started by the test: Monarch fixes a process's transport at its
 first call, and a hosts session listens on TCP, so it must be the first Monarch use of its process.
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import threading
 import time
@@ -113,6 +114,22 @@ def test_brief_outage_mid_refresh_is_retried(net, kernel):
         hosts.slow("h1")
     assert report["version"] == 4 and report["seconds"] > 1.0  # the copy stalled, then went through
     assert len(_json(kernel, "s.step(1)['policy_version'].tolist()")) == 1
+
+
+def test_a_generator_killed_on_its_host_is_started_afresh_there(net, kernel):
+    hosts, workers = net
+    host = hosts.hosts[1]  # the generator's
+    procs = set(netns_hosts.pids_inside(host.netns)) - {workers[1].pid}
+    assert procs, "the generator's host runs no proc besides its worker"
+    for pid in procs:
+        os.kill(pid, signal.SIGKILL)
+    version = _json(kernel, "s.trainer_version")
+    kernel.ok("rows = s.step(1, progress=False)", timeout=300)
+    status = _json(kernel, "s.status()")
+    assert any(e["role"] == "generator" for e in status["events"]), status["events"]
+    assert status["hosts"]["generator"][0].split(":")[0] == host.ip  # its host's worker started it again
+    sums = _json(kernel, "s.checksums()")
+    assert sums["generator"] == sums["trainer"] and sums["trainer"][0] == version + 1
 
 
 def test_down_stops_every_proc_on_the_hosts(net, kernel):
