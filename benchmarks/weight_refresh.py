@@ -88,7 +88,13 @@ class Receiver(Actor):
     @endpoint
     async def refresh(self, transport: str, version: int) -> float:
         report = await self.receivers[transport].refresh(version, self._load)
+        self.transfer_seconds = report.transfer_seconds
         return report.seconds
+
+    @endpoint
+    def last_transfer_seconds(self) -> float:
+        """The copy alone (staging, before the version check and the load) of the last refresh."""
+        return self.transfer_seconds
 
     @endpoint
     async def raw_read(self, buffer) -> float:
@@ -176,6 +182,8 @@ def main() -> None:
     parser.add_argument("--sizes-mb", type=int, nargs="+", default=[16, 256, 1024])
     parser.add_argument("--hosts", action="store_true", help="across network-namespace hosts (needs root)")
     parser.add_argument("--fanout", type=int, nargs="+", default=[1, 2, 4], help="generator hosts (--hosts)")
+    parser.add_argument("--reps", type=int, default=0, help="refreshes timed per size (--hosts; 0: 5 / 3 / 2 by size)")
+    parser.add_argument("--streams", type=int, default=2, help="TCP streams per generator (--hosts; weights.streams)")
     parser.add_argument("--lora", metavar="MODEL", default="", help="a model's full vs LoRA adapter refresh")
     parser.add_argument("--engines", nargs="+", default=["torch"], help="with --lora: torch and/or vllm")
     parser.add_argument("--rank", type=int, default=16)
@@ -184,7 +192,7 @@ def main() -> None:
     if args.hosts:
         from weight_refresh_hosts import run
 
-        return run(args.sizes_mb, args.fanout)
+        return run(args.sizes_mb, args.fanout, args.reps, args.streams)
     if args.lora:
         from weight_refresh_lora import lora_table
 

@@ -2,7 +2,9 @@
 each a network namespace on one bridge (`forge_nb.tools.netns_hosts`, root only), one run, side by side:
 
 forge_nb (tcp)       the product path across hosts: publish, pull over the trainer's TCP streams
-                     (`weights.stream`, 2 streams), check the version, load into the receiver's tensors
+                     (`weights.stream`, `--streams` connections, 2 as in the config), check the version, load
+                     into the receiver's tensors
+x1 copy only         forge_nb x1's copy into its staging buffer alone (what gloo's broadcast does)
 forge_nb (rdma)      the same over Monarch RDMABuffers (its TCP fallback here: no ibverbs)
 gloo broadcast       torch.distributed gloo over the same veth links, one tensor of the same size
 link (iperf3)        the raw rate of one link, 1 and 2 TCP streams (iperf3 -R: trainer host sends)
@@ -24,6 +26,7 @@ raw link: iperf3 x1 1.59 GB/s, x2 1.19 GB/s
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -83,8 +86,9 @@ def _gloo_rank(rank: int, world: int, master: str, size_bytes: int, reps: int) -
     print(gloo_broadcast_seconds(rank, world, size_bytes, reps), flush=True)
 
 
-def mesh_seconds(hosts, size_bytes: int, fanout: list[int], reps: int) -> dict[str, float]:
-    """forge_nb's refresh across hosts: tcp and rdma to one generator, tcp to N at once."""
+def mesh_seconds(hosts, size_bytes: int, fanout: list[int], reps: int, streams: int) -> dict[str, float]:
+    """forge_nb's refresh across hosts: tcp and rdma to one generator, tcp to N at once; for tcp to one, also
+    the copy alone (before the version check and the load, as gloo's broadcast has neither)."""
     from weight_refresh import Publisher, Receiver
 
     from forge_nb.mesh.calls import wait
@@ -96,6 +100,7 @@ def mesh_seconds(hosts, size_bytes: int, fanout: list[int], reps: int) -> dict[s
         publisher = pub_procs.spawn("publisher", Publisher, size_bytes)
         receivers = [p.spawn("receiver", Receiver, size_bytes) for p in rec_procs]
         manifest = wait(publisher.manifest.call_one())
+        manifest = dataclasses.replace(manifest, stream=dataclasses.replace(manifest.stream, streams=streams))
         out: dict[str, float] = {}
         transports = {"tcp": receivers, "rdma": receivers[:1]}
         for transport, attached in transports.items():
@@ -104,14 +109,17 @@ def mesh_seconds(hosts, size_bytes: int, fanout: list[int], reps: int) -> dict[s
         for label, transport, group in [("forge_nb (rdma)", "rdma", 1)] + [
             (f"forge_nb x{k}", "tcp", k) for k in fanout
         ]:
-            times = []
+            times, copies = [], []
             for _ in range(reps + 1):  # the first refresh warms up
                 version = wait(publisher.step.call_one())
                 start = time.perf_counter()
                 for f in [r.refresh.call_one(transport, version) for r in receivers[:group]]:
                     wait(f)
                 times.append(time.perf_counter() - start)
+                copies.append(wait(receivers[0].last_transfer_seconds.call_one()))
             out[label] = statistics.median(times[1:])
+            if label == "forge_nb x1":
+                out["x1 copy only"] = statistics.median(copies[1:])
         return out
     finally:
         wait(pub_procs.stop())
@@ -119,7 +127,7 @@ def mesh_seconds(hosts, size_bytes: int, fanout: list[int], reps: int) -> dict[s
             wait(p.stop())
 
 
-def run(sizes_mb: list[int], fanout: list[int]) -> None:
+def run(sizes_mb: list[int], fanout: list[int], reps: int = 0, streams: int = 2) -> None:
     from monarch.actor import attach_to_workers, enable_transport
 
     from forge_nb.tools.netns_hosts import HostNet
@@ -133,10 +141,10 @@ def run(sizes_mb: list[int], fanout: list[int]) -> None:
         rows = []
         for mb in sizes_mb:
             size = mb << 20
-            reps = 5 if mb <= 64 else 3 if mb <= 256 else 2
-            seconds = mesh_seconds(hosts, size, fanout, reps)
+            n = reps or (5 if mb <= 64 else 3 if mb <= 256 else 2)
+            seconds = mesh_seconds(hosts, size, fanout, n, streams)
             for k in fanout:
-                seconds[f"gloo x{k}"] = gloo_seconds(net, size, k + 1, reps)
+                seconds[f"gloo x{k}"] = gloo_seconds(net, size, k + 1, n)
             rows.append((mb, {m: size / s / 1e9 for m, s in seconds.items()}))
             print(f"measured {mb} MB", flush=True)
     finally:
@@ -146,14 +154,15 @@ def run(sizes_mb: list[int], fanout: list[int]) -> None:
         net.down()
     print(
         f"\ncross-host weight refresh GB/s (median), {len(net.hosts)} namespace hosts on one bridge, "
-        f"{os.cpu_count()} cores; xN = N generator hosts at once (GB/s of the copy each gets)"
+        f"{os.cpu_count()} cores, {streams} TCP streams per generator; xN = N generator hosts at once (GB/s of the "
+        "copy each gets); x1 copy only = forge_nb x1's copy into staging, without the version check and the load"
     )
     print("raw link: " + ", ".join(f"{k} {v:.2f} GB/s" for k, v in links.items()) + "\n")
     methods = list(rows[0][1])
-    print(f"{'size':>8}" + "".join(f"{m:>17}" for m in methods) + f"{'tcp/gloo x1':>13}")
+    print(f"{'size':>8}" + "".join(f"{m:>17}" for m in methods) + f"{'tcp/gloo x1':>13}{'copy/gloo x1':>14}")
     for mb, gbps in rows:
-        ratio = gbps["forge_nb x1"] / gbps["gloo x1"]
-        print(f"{mb:>6}MB" + "".join(f"{gbps[m]:>17.3f}" for m in methods) + f"{ratio:>12.2f}x")
+        ratio, copy = (gbps[m] / gbps["gloo x1"] for m in ("forge_nb x1", "x1 copy only"))
+        print(f"{mb:>6}MB" + "".join(f"{gbps[m]:>17.3f}" for m in methods) + f"{ratio:>12.2f}x{copy:>13.2f}x")
     print("\ngoal: forge_nb (tcp) >= 1.0x gloo at 256 MB and 1 GB")
 
 
