@@ -92,7 +92,7 @@ class Receiver(Actor):
         return report.seconds
 
     @endpoint
-    def last_transfer_seconds(self) -> float:
+    async def last_transfer_seconds(self) -> float:
         """The copy alone (staging, before the version check and the load) of the last refresh."""
         return self.transfer_seconds
 
@@ -183,7 +183,7 @@ def main() -> None:
     parser.add_argument("--hosts", action="store_true", help="across network-namespace hosts (needs root)")
     parser.add_argument("--fanout", type=int, nargs="+", default=[1, 2, 4], help="generator hosts (--hosts)")
     parser.add_argument("--reps", type=int, default=0, help="refreshes timed per size (--hosts; 0: 5 / 3 / 2 by size)")
-    parser.add_argument("--streams", type=int, default=2, help="TCP streams per generator (--hosts; weights.streams)")
+    parser.add_argument("--streams", type=int, default=4, help="TCP streams per generator (--hosts; weights.streams)")
     parser.add_argument("--lora", metavar="MODEL", default="", help="a model's full vs LoRA adapter refresh")
     parser.add_argument("--engines", nargs="+", default=["torch"], help="with --lora: torch and/or vllm")
     parser.add_argument("--rank", type=int, default=16)

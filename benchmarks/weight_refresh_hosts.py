@@ -2,7 +2,7 @@
 each a network namespace on one bridge (`forge_nb.tools.netns_hosts`, root only), one run, side by side:
 
 forge_nb (tcp)       the product path across hosts: publish, pull over the trainer's TCP streams
-                     (`weights.stream`, `--streams` connections, 2 as in the config), check the version, load
+                     (`weights.stream`, `--streams` connections, 4 as in the config), check the version, load
                      into the receiver's tensors
 x1 copy only         forge_nb x1's copy into its staging buffer alone (what gloo's broadcast does)
 forge_nb (rdma)      the same over Monarch RDMABuffers (its TCP fallback here: no ibverbs)
@@ -15,13 +15,18 @@ GB/s = 1e9 bytes/s of one model copy (fan-out: of the copy every generator gets,
 trainer halves it at N = 2). forge_nb's seconds are the controller's wall time of the refresh calls and
 include staging, the version check and the load; gloo's are the broadcast alone.
 
-Measured at 2ee9a85 (2 shared cores, 5 hosts, `--sizes-mb 16 256 1024 --fanout 1 2 4`):
-raw link: iperf3 x1 1.59 GB/s, x2 1.19 GB/s
+Measured at 2ee9a85 (2 shared cores, 5 hosts, `--sizes-mb 16 256 1024 --fanout 1 2 4`, 2 streams, a loaded
+machine): forge_nb x1 1.70 / 1.53 GB/s vs gloo 1.53 / 1.81 at 256 MB / 1 GB (1.11x / 0.85x).
+On the idle machine, one run each (`--reps 5`): with 2 streams 1.23x / 0.99x; with 4 streams 1.07x / 1.09x, then
+again (the default since; `--sizes-mb 16 256 1024 --reps 5`):
+raw link: iperf3 x1 2.38 GB/s, x2 3.50 GB/s
 
-    size  forge_nb (rdma)  forge_nb x1  forge_nb x2  forge_nb x4  gloo x1  gloo x2  gloo x4  tcp/gloo x1
-    16MB            0.220        1.026        0.565        0.337    1.313    1.046    0.343        0.78x
-   256MB            0.503        1.703        0.918        0.474    1.532    0.466    0.301        1.11x
-  1024MB            0.586        1.528        0.884        0.363    1.808    0.526    0.246        0.85x
+    size  forge_nb (rdma)  forge_nb x1  x1 copy only  forge_nb x2  forge_nb x4  gloo x1  gloo x2  gloo x4  tcp/gloo x1
+    16MB            0.395        1.361         1.759        1.192        0.616    2.175    1.111    0.828        0.63x
+   256MB            1.158        3.185         3.916        1.704        0.855    2.960    1.434    0.852        1.08x
+  1024MB            0.859        3.416         4.179        1.722        0.870    2.931    1.405    0.723        1.17x
+
+At 16 MB a refresh's fixed costs (the actor call, the version check, one chunk) dominate.
 """
 
 from __future__ import annotations
@@ -127,7 +132,7 @@ def mesh_seconds(hosts, size_bytes: int, fanout: list[int], reps: int, streams: 
             wait(p.stop())
 
 
-def run(sizes_mb: list[int], fanout: list[int], reps: int = 0, streams: int = 2) -> None:
+def run(sizes_mb: list[int], fanout: list[int], reps: int = 0, streams: int = 4) -> None:
     from monarch.actor import attach_to_workers, enable_transport
 
     from forge_nb.tools.netns_hosts import HostNet

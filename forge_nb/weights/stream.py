@@ -45,7 +45,7 @@ class StreamSpec:
 
     hosts: tuple[str, ...]
     port: int
-    streams: int = 2
+    streams: int = 4
     timeout_s: float = 10.0
     attempts: int = 3
 
