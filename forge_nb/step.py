@@ -5,7 +5,7 @@
               scores the same tokens meanwhile, when KL is on)
     advantages  group-relative, per prompt (`rl.advantages`), plus DAPO's overlong penalty if set
     train     the trainer takes one optimizer step with the live loss and publishes version v + 1
-    sync      every generator replica loads v + 1 (/dev/shm on the trainer's host, Monarch RDMA elsewhere)
+    sync      every generator replica loads v + 1 (/dev/shm on the trainer's host, its TCP streams elsewhere)
 
 The actor calls are in `mesh.roles.Roles`, the pure pieces in `rl/` and `rewards/`, the state they
 move on in `state.RunState`. Nothing here takes a lock or knows about notebooks: the session holds

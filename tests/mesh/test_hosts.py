@@ -156,7 +156,7 @@ def test_a_generator_killed_on_its_host_is_started_afresh_there(net, kernel):
 def test_a_slow_link_slows_the_refresh_and_the_run_goes_on(net, kernel):
     hosts, _ = net
     fast = _json(kernel, "s.step(1, progress=False)[['refresh_s', 'refresh_gbps']].iloc[-1].tolist()")
-    hosts.slow("h1", rate_mbit=16)  # the generator's host: 2 MB/s for the ~1.7 MB refresh
+    hosts.slow("h1", rate_mbit=16)  # the trainer's host sends at 2 MB/s: ~1 s for the ~1.7 MB refresh
     try:
         slow = _json(kernel, "s.step(1, progress=False)[['refresh_s', 'refresh_gbps']].iloc[-1].tolist()")
     finally:
