@@ -90,6 +90,7 @@ def bench(name: str, args: list[str]) -> None:
         known = sorted(p.stem for p in folder.glob("*.py"))
         raise SystemExit(f"forge-nb bench: no benchmark {name!r}; known: {known}")
     sys.argv = [str(script), *args]
+    sys.path.insert(0, str(folder))  # as `python benchmarks/NAME.py` has it: a benchmark imports its siblings
     runpy.run_path(str(script), run_name="__main__")
 
 

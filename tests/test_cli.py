@@ -42,3 +42,15 @@ def test_bench_outside_a_source_checkout_says_it_needs_one(monkeypatch):
     monkeypatch.setattr(cli, "benchmarks_dir", lambda: None)
     with pytest.raises(SystemExit, match="the benchmarks ship with the source, not the installed package"):
         cli.bench("overhead", [])
+
+
+def test_bench_runs_a_benchmark_that_imports_a_sibling(tmp_path, monkeypatch, capsys):
+    from forge_nb import cli
+
+    (tmp_path / "sibling.py").write_text("ANSWER = 42\n")
+    (tmp_path / "uses_sibling.py").write_text("import sys\nfrom sibling import ANSWER\nprint(ANSWER, sys.argv[1:])\n")
+    monkeypatch.setattr(cli, "benchmarks_dir", lambda: tmp_path)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.setattr(sys, "argv", list(sys.argv))
+    cli.bench("uses_sibling", ["--hosts"])
+    assert capsys.readouterr().out.strip() == "42 ['--hosts']"
