@@ -32,6 +32,7 @@ import statistics
 import time
 
 import torch
+from trl_baseline import NOSKIP_LOSS, grpo_config, median_step_s, step_clock
 
 import forge_nb
 from forge_nb.agents.tasks.calculator import (
@@ -46,14 +47,6 @@ from forge_nb.agents.tasks.calculator import (
 )
 
 MODEL = "smollm2-135m-instruct"
-
-NOSKIP_LOSS = """
-from forge_nb.rl.losses import grpo_loss
-
-
-def loss(logprobs, old_logprobs, advantages, mask):
-    return grpo_loss(logprobs, old_logprobs, advantages, mask, clip_eps=0.2)
-"""
 
 
 def data(args: argparse.Namespace) -> tuple[list[dict], list[dict]]:
@@ -201,8 +194,8 @@ def trl_agent(args: argparse.Namespace, tokenizer, counts: dict):
 def trl_run(args: argparse.Namespace, train: list[dict]) -> dict:
     """TRL's median seconds per step over `args.trl_steps` steps after one warm-up step, turns and tool calls."""
     from datasets import Dataset
-    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
-    from trl import GRPOConfig, GRPOTrainer
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl import GRPOTrainer
 
     from forge_nb.models import resolve_model
 
@@ -213,43 +206,18 @@ def trl_run(args: argparse.Namespace, train: list[dict]) -> dict:
         counts["reward"] += sum(scores)
         return scores
 
-    class StepTimes(TrainerCallback):
-        def __init__(self) -> None:
-            self.times: list[float] = []
-
-        def on_step_end(self, *_, **__) -> None:
-            self.times.append(time.perf_counter())
-
     path = str(resolve_model(MODEL))
     tokenizer = AutoTokenizer.from_pretrained(path)
-    config = GRPOConfig(
-        output_dir="/tmp/forge_nb_agents_trl",
-        use_cpu=True,
-        report_to="none",
-        save_strategy="no",
-        logging_steps=10_000,
-        per_device_train_batch_size=args.prompts * args.group,
-        num_generations=args.group,
-        max_completion_length=args.max_total_tokens,
-        temperature=1.0,
-        top_p=1.0,
-        learning_rate=args.lr,
-        loss_type="grpo",
-        scale_rewards="group",
-        beta=0.0,
-        epsilon=0.2,
-        max_grad_norm=1.0,
-        weight_decay=0.0,
-        lr_scheduler_type="constant",
-        warmup_steps=0,
-        max_steps=1 + args.trl_steps,
-        seed=args.seed,
-        dataloader_num_workers=0,
-        disable_tqdm=True,
-        bf16=False,
-        gradient_checkpointing=False,  # TRL's default (True) recomputes activations and turns generation's KV cache off
+    config = grpo_config(
+        "/tmp/forge_nb_agents_trl",
+        args.prompts * args.group,
+        args.group,
+        args.max_total_tokens,
+        args.lr,
+        1 + args.trl_steps,
+        args.seed,
     )
-    times = StepTimes()
+    times = step_clock()
     trainer = GRPOTrainer(
         model=AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32),
         reward_funcs=reward,
@@ -261,10 +229,9 @@ def trl_run(args: argparse.Namespace, train: list[dict]) -> dict:
     )
     start = time.perf_counter()
     trainer.train()
-    ends = [start, *times.times]
     n = max(1, counts["trajectories"])
     return {
-        "step_s": statistics.median(b - a for a, b in zip(ends[1:], ends[2:])),
+        "step_s": median_step_s(start, times.times),
         "turns": counts["turns"] / n,
         "tool_calls": counts["tool_calls"] / n,
         "reward": counts["reward"] / n,

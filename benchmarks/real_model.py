@@ -32,20 +32,13 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 
 import torch
+from trl_baseline import NOSKIP_LOSS, grpo_config, median_step_s, step_clock
 
 import forge_nb
 from forge_nb.rewards import answer_match
 from forge_nb.tasks.word_problems import word_problems
 
 MODEL = "smollm2-135m-instruct"
-
-NOSKIP_LOSS = """
-from forge_nb.rl.losses import grpo_loss
-
-
-def loss(logprobs, old_logprobs, advantages, mask):
-    return grpo_loss(logprobs, old_logprobs, advantages, mask, clip_eps=0.2)
-"""
 
 
 def data(args: argparse.Namespace) -> tuple[list[dict], list[dict]]:
@@ -123,50 +116,27 @@ def trl_run(args: argparse.Namespace, train: list[dict], lora: bool = False) -> 
     """TRL's median seconds per step over `args.trl_steps` steps after one warm-up step (with `lora`,
     TRL + peft: a `peft_config` of the same adapter, at `args.lora_lr`)."""
     from datasets import Dataset
-    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
-    from trl import GRPOConfig, GRPOTrainer
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl import GRPOTrainer
 
     from forge_nb.models import resolve_model
 
     def reward(completions, answer, **_) -> list[float]:
         return [answer_match(c[0]["content"] if isinstance(c, list) else c, a) for c, a in zip(completions, answer)]
 
-    class StepTimes(TrainerCallback):
-        def __init__(self) -> None:
-            self.times: list[float] = []
-
-        def on_step_end(self, *_, **__) -> None:
-            self.times.append(time.perf_counter())
-
     path = str(resolve_model(MODEL))
-    config = GRPOConfig(
-        output_dir="/tmp/forge_nb_real_model_trl",
-        use_cpu=True,
-        report_to="none",
-        save_strategy="no",
-        logging_steps=10_000,
-        per_device_train_batch_size=args.prompts * args.group,
-        num_generations=args.group,
-        max_completion_length=args.max_tokens,
+    samples, lr = args.prompts * args.group, args.lora_lr if lora else args.lr
+    config = grpo_config(
+        "/tmp/forge_nb_real_model_trl",
+        samples,
+        args.group,
+        args.max_tokens,
+        lr,
+        1 + args.trl_steps,
+        args.seed,
         temperature=args.temperature,
-        top_p=1.0,
-        learning_rate=args.lora_lr if lora else args.lr,
-        loss_type="grpo",
-        scale_rewards="group",
-        beta=0.0,
-        epsilon=0.2,
-        max_grad_norm=1.0,
-        weight_decay=0.0,
-        lr_scheduler_type="constant",
-        warmup_steps=0,
-        max_steps=1 + args.trl_steps,
-        seed=args.seed,
-        dataloader_num_workers=0,
-        disable_tqdm=True,
-        bf16=False,
-        gradient_checkpointing=False,  # TRL's default (True) recomputes activations in backward: more work
     )
-    times = StepTimes()
+    times = step_clock()
     trainer = GRPOTrainer(
         model=AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32),
         reward_funcs=reward,
@@ -178,8 +148,7 @@ def trl_run(args: argparse.Namespace, train: list[dict], lora: bool = False) -> 
     )
     start = time.perf_counter()
     trainer.train()
-    ends = [start, *times.times]
-    return statistics.median(b - a for a, b in zip(ends[1:], ends[2:]))
+    return median_step_s(start, times.times)
 
 
 def _peft_config(args: argparse.Namespace):

@@ -19,6 +19,7 @@ import argparse
 import time
 
 import torch
+from trl_baseline import grpo_config, step_clock
 
 import forge_nb
 from forge_nb.config import TaskConfig
@@ -57,8 +58,8 @@ def forge_steps_per_s(engine: str, mode: str, args: argparse.Namespace) -> tuple
 def trl_steps_per_s(args: argparse.Namespace, bf16: bool = False) -> float:
     """TRL's steps/s; `bf16=True` is GRPOConfig's default (autocast, on the CPU too)."""
     from datasets import Dataset
-    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
-    from trl import GRPOConfig, GRPOTrainer
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl import GRPOTrainer
 
     task = make_task(TaskConfig(), seed=1)
     problems = task.sample(args.prompts * (args.warmup + args.steps + 1))
@@ -67,43 +68,18 @@ def trl_steps_per_s(args: argparse.Namespace, bf16: bool = False) -> float:
     def reward(completions: list[str], target: list[str], **_) -> list[float]:
         return [task.verify(c, t) for c, t in zip(completions, target)]
 
-    class StepTimes(TrainerCallback):
-        def __init__(self) -> None:
-            self.times: list[float] = []
-
-        def on_step_end(self, *_, **__) -> None:
-            self.times.append(time.perf_counter())
-
-    config = GRPOConfig(
-        output_dir="/tmp/forge_nb_vs_trl",
-        use_cpu=True,
-        report_to="none",
-        save_strategy="no",
-        logging_steps=10_000,
-        per_device_train_batch_size=args.prompts * args.group,
-        num_generations=args.group,
-        max_completion_length=args.max_tokens,
-        temperature=1.0,
-        top_p=1.0,
-        learning_rate=args.lr,
-        loss_type="grpo",
-        scale_rewards="group",
-        beta=0.0,
-        epsilon=0.2,
-        max_grad_norm=1.0,
-        weight_decay=0.0,
-        lr_scheduler_type="constant",
-        warmup_steps=0,
-        max_steps=args.warmup + args.steps,
-        seed=0,
-        dataloader_num_workers=0,
-        disable_tqdm=True,
+    config = grpo_config(
+        "/tmp/forge_nb_vs_trl",
+        args.prompts * args.group,
+        args.group,
+        args.max_tokens,
+        args.lr,
+        args.warmup + args.steps,
         bf16=bf16,
-        gradient_checkpointing=False,  # TRL's default (True) recomputes activations in backward: more work
     )
     model = AutoModelForCausalLM.from_pretrained(str(BUNDLED_MODEL), dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(str(BUNDLED_MODEL))
-    times = StepTimes()
+    times = step_clock()
     trainer = GRPOTrainer(
         model=model,
         reward_funcs=reward,
