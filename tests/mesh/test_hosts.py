@@ -50,8 +50,8 @@ def net():
 
 @pytest.fixture(scope="module")
 def kernel(net):
-    """A real kernel holding a session across the three hosts (trainer, generator, reward procs on h0, h1,
-    h2); at the end `%forge down` must leave no proc on any host but its worker."""
+    """A real kernel holding a session across the three hosts (trainer, generator, reward procs on h1, h2,
+    h3); at the end `%forge down` must leave no proc on any host but its worker."""
     hosts, workers = net
     k = Kernel()
     try:
