@@ -49,9 +49,10 @@ def test_a_two_turn_tool_trajectory_trains_on_the_policy_tokens_only(s):
         assert e.trained_tokens == generated < len(e.completion_ids)  # the second prompt's tokens are masked
         assert sum(e.completion_mask[: e.turns[0]["completion_tokens"]]) == e.turns[0]["completion_tokens"]
     assert [e.reward for e in r.episodes] == [0.0, 1.0, 0.0, 1.0] and all(e.advantage != 0 for e in r.episodes)
+    before = s.trainer_version
     m = s.train(r)
     assert m["tokens"] == sum(e.trained_tokens for e in r.episodes) and m["rows_skipped"] == 0
-    assert s.sync()["version"] == s.trainer_version == 1
+    assert s.sync()["version"] == s.trainer_version == before + 1
     table = s.samples(4)
     assert table.turns.tolist() == [2, 2, 2, 2] and table.tool_calls.tolist() == [1, 1, 1, 1]
     assert s.versions("rollout").version.tolist()[-1] == version
@@ -61,6 +62,7 @@ def test_the_trainer_scores_the_policy_tokens_as_the_generator_sampled_them(s):
     if s.config.engine_name() == "vllm":
         pytest.skip("vLLM's CPU build runs its own kernels: compared on the torch engine")
     s.set_rollout(two_turns, tools=[calculator])
+    s.sync()  # the generator serves the trainer's weights (a test before may have trained without a sync)
     r = s.rollout()
     logged = s.train(r)  # the trainer's logprobs of every completion token, before its step
     steps = s.samples(step=s.step_count)
@@ -85,6 +87,7 @@ def test_every_loss_of_the_family_trains_on_the_policy_tokens_of_trajectories(s)
         assert m["rows_skipped"] == 0 and math.isfinite(m["loss"]), name
         assert s.checksums()["trainer"][1] != before, name  # the policy tokens moved the weights
     s.set_loss(version=0)
+    s.sync()
 
 
 def test_an_async_run_trains_trajectories_within_the_staleness_bound(s):
