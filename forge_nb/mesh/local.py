@@ -84,32 +84,3 @@ def _alive(pid: int) -> bool:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
-
-
-def processes(pids: list[int]) -> list[psutil.Process]:
-    """The running processes of `pids` (psutil remembers each one's start time: a reused pid is not it)."""
-    found = []
-    for pid in pids:
-        try:
-            found.append(psutil.Process(pid))
-        except psutil.NoSuchProcess:
-            pass
-    return found
-
-
-def reap(procs: list[psutil.Process], grace_s: float = 10.0) -> list[int]:
-    """After their mesh stopped: wait up to `grace_s` for `procs` to exit, then SIGKILL the ones still
-    running (a loaded machine can keep an interpreter's exit going past a test's leftover check) -> their pids."""
-    deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline and any(_running(p) for p in procs):
-        time.sleep(0.1)
-    left = [p.pid for p in procs if _running(p)]
-    _kill(left)
-    return left
-
-
-def _running(proc: psutil.Process) -> bool:
-    try:
-        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False

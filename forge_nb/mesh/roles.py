@@ -29,7 +29,7 @@ from forge_nb.engines.base import SamplingParams
 from forge_nb.live.capture import LiveCode
 from forge_nb.live.registry import Member
 from forge_nb.live.validate import LossProbe
-from forge_nb.mesh import local, supervision
+from forge_nb.mesh import supervision
 from forge_nb.mesh.calls import replica, shards, wait
 from forge_nb.mesh.checker import ROLE as CHECKER
 from forge_nb.mesh.checker import Checker
@@ -128,16 +128,12 @@ class Roles(Supervised):
             raise
 
     def stop(self) -> list[str]:
-        """Stop every proc (and the Slurm job) -> errors, if any. A proc on this host that outlives its
-        stopped mesh by 10 s is killed: nothing is left behind."""
-        ours = local.processes([pid for role in list(self.info) for pid in self.local_pids(role)])
+        """Stop every proc (and the Slurm job) -> errors, if any."""
         try:  # normally done right after start; this covers a start that failed half-way
             self.unlink_shared_memory()
         except Exception:
             pass
-        errors = self.mesh.stop()
-        local.reap(ours)
-        return errors
+        return self.mesh.stop()
 
     @property
     def has_reference(self) -> bool:
