@@ -13,7 +13,10 @@ UP = "%forge up prompts_per_step=4 group_size=4 threads_per_proc=1 timeout_s=2.0
 
 @pytest.fixture(scope="module")
 def kernel():
+    """A kernel with the extension loaded and a session up (each test may assume both, in any order)."""
     k = Kernel()
+    k.ok("%load_ext forge_nb")
+    k.ok(UP)
     yield k
     k.stop()
 
@@ -26,8 +29,6 @@ def _descendants(pid: int) -> list[int]:
 
 
 def test_every_magic_runs(kernel, tmp_path):
-    kernel.ok("%load_ext forge_nb")
-    kernel.ok(UP)
     assert "reusing it" in kernel.ok(UP)  # a second %forge up with the same config reuses the session
     text, content = kernel.run("%forge up lr=0.1")
     assert content["status"] == "error" and "another config is up; run %forge down first" in text
