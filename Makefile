@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 LABEXT := extensions/jupyterlab-forge
 LABEXT_BUILT := forge_nb/labextension/package.json
 
-.PHONY: demo test test-fast lint system-deps bench-overhead bench-deps clean labextension notebooks
+.PHONY: demo test test-fast test-each lint system-deps bench-overhead bench-deps clean labextension notebooks
 
 # vLLM's CPU build here and in CI; its GPU build where nvidia-smi finds a GPU (`make VLLM=vllm-gpu` to force;
 # `make VLLM=none` for no vLLM: the torch engine serves every model, e.g. on Python 3.12 / 3.13 where vLLM's CPU
@@ -67,6 +67,11 @@ test: lint system-deps $(LABEXT_BUILT)
 test-fast: $(STAMP)
 	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadgroup -m "not (slow or tutorial or slurm or browser or mesh)" \
 		$(PYTEST_ARGS) tests
+
+# Every test file and tutorial alone, each in a fresh pytest process, two at a time: a test must not pass only
+# because another file or test ran before it. One row per file; exit 1 if any fails.
+test-each: system-deps $(LABEXT_BUILT)
+	$(BIN)/python tests/each_file.py --workers $(or $(filter-out 0,$(TEST_WORKERS)),1)
 
 # Execute every tutorial in place (a fresh kernel each, from notebooks/), so the stored outputs are a real
 # run's; prints each one's wall-clock time. The suite runs them too (nbval), without writing them back.
