@@ -1,8 +1,9 @@
 """Suite-wide settings (tests/ and notebooks/): sessions use the plain-torch engine unless a test asks
 for vLLM by name, so the suite does not pay vLLM's ~45 s start for every session; run directories
 (rollout logs, trackers, periodic checkpoints) go to a temporary folder removed at the end, not into
-the checkout (run ids carry the pid, so parallel workers share it safely). Kernels started by the tests
-inherit both.
+the checkout (run ids carry the pid, so parallel workers share it safely); OpenMP threads wait passively
+(see below). Kernels and procs started by the tests
+inherit all three.
 
 How the suite is split (README, "The test suite"): every item gets, at collection, the markers below and
 an xdist group, so a new test file needs no opt-in.
@@ -26,6 +27,12 @@ from pathlib import Path
 import pytest
 
 os.environ.setdefault("FORGE_NB_ENGINE", "torch")
+# Two test files at once run two meshes of 4-5 procs each, with two OpenMP threads each, on 2 cores. OpenMP
+# threads spin after each parallel region by default, so the procs of one mesh burnt the cores the other
+# needed: tutorial 05 took 49 s alone and 208 s beside tutorial 01, 66 s with passive waits (01: 179 -> 38 s).
+# Alone, passive waits cost a single process latency (benchmarks/overhead.py: 36 -> 63 ms a step), which is
+# why forge_nb leaves the policy to the user outside the suite. Read when torch loads (every proc, kernel).
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 if "FORGE_NB_RUNS" not in os.environ:
     os.environ["FORGE_NB_RUNS"] = _runs = tempfile.mkdtemp(prefix="forge_nb-runs-")
     atexit.register(shutil.rmtree, _runs, ignore_errors=True)

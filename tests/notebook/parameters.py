@@ -16,7 +16,7 @@ import nbformat
 SUITE: dict[str, dict[str, object]] = {
     "01_quickstart.ipynb": {"STEPS": 100},
     "02_live_reward.ipynb": {"FIRST": 20, "STEPS": 30},
-    "03_live_loss.ipynb": {"STEPS": 30},
+    "03_live_loss.ipynb": {"SEGMENT": 15, "STEPS": 10},
     "04_weights_and_throughput.ipynb": {"STEPS": 30},
     "05_your_data_and_a_real_model.ipynb": {"STEPS": 1},
     "06_async_and_staleness.ipynb": {"SECONDS": 15},
