@@ -65,6 +65,8 @@ def placement(roles: tuple[str, ...], hosts: int, generators: int) -> dict[str, 
 class HostsMesh(LocalMesh):
     """`LocalMesh` whose roles start on the workers at `hosts` (tcp://HOST:PORT each)."""
 
+    shares_cores = False  # other hosts: their workers keep their own environment
+
     def __init__(self, hosts: list[str], generator_procs: int = 1) -> None:
         super().__init__()
         self.addresses = [parse_host(h) for h in hosts]

@@ -132,6 +132,8 @@ def partitions() -> list[str]:
 class SlurmMesh(LocalMesh):
     """`LocalMesh` whose roles start on the nodes of a Slurm job; `stop()` also cancels the job."""
 
+    shares_cores = False  # other hosts: their workers keep their own environment
+
     def __init__(self, cfg: SlurmConfig) -> None:
         super().__init__()
         self.cfg = cfg
