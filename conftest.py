@@ -29,8 +29,8 @@ os.environ.setdefault("FORGE_NB_ENGINE", "torch")
 # Two test files at once run two meshes of 4-5 procs each, with two OpenMP threads each, on 2 cores. OpenMP
 # threads spin after each parallel region by default, so the procs of one mesh burnt the cores the other
 # needed: tutorial 05 took 49 s alone and 208 s beside tutorial 01, 66 s with passive waits (01: 179 -> 38 s).
-# Alone, passive waits cost a single process latency (benchmarks/overhead.py: 36 -> 63 ms a step), which is
-# why forge_nb leaves the policy to the user outside the suite. Read when torch loads (every proc, kernel).
+# Alone, passive waits cost a single process latency (benchmarks/overhead.py: 36 -> 63 ms a step), so outside
+# the suite a local mesh's procs only spin briefly (mesh/local.py). Read when torch loads (every proc, kernel).
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 if "FORGE_NB_RUNS" not in os.environ:
     os.environ["FORGE_NB_RUNS"] = _runs = tempfile.mkdtemp(prefix="forge_nb-runs-")
