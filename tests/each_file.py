@@ -11,6 +11,7 @@ result, tests passed / failed, seconds. Exit status 1 if any file failed.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import re
 import subprocess
 import sys
@@ -33,8 +34,7 @@ def test_files() -> list[Path]:
 
 def run_alone(path: Path, slurm: threading.Lock, cache: dict) -> tuple[str, int, dict[str, int], float, str]:
     """pytest on `path` alone -> (file, exit status, counts by outcome, seconds, output tail)."""
-    lock = slurm if file_group(path, ROOT, cache) == "slurm" else threading.Lock()
-    with lock:
+    with slurm if file_group(path, ROOT, cache) == "slurm" else contextlib.nullcontext():
         start = time.monotonic()
         done = subprocess.run(
             [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(path.relative_to(ROOT))],

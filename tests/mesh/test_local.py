@@ -4,23 +4,11 @@ from __future__ import annotations
 
 import os
 
-from monarch.actor import Actor, endpoint
-
 from forge_nb.mesh import local
 from forge_nb.mesh.calls import wait
 from forge_nb.mesh.local import LocalMesh, proc_env
 from tests.conftest import child_processes, wait_no_children
-
-
-class EnvProbe(Actor):
-    """Reports what its proc's environment holds."""
-
-    def __init__(self, spec: None = None) -> None:  # LocalMesh.spawn passes each actor its spec
-        pass
-
-    @endpoint
-    def env(self, name: str) -> str | None:
-        return os.environ.get(name)
+from tests.mesh.probe import EnvProbe
 
 
 def test_procs_spin_briefly_unless_the_user_set_a_wait_policy(monkeypatch):

@@ -2,29 +2,15 @@
 
 from __future__ import annotations
 
-import os
-
 import pytest
-from monarch.actor import Actor, endpoint
 
 import forge_nb
 from forge_nb.mesh.calls import wait
 from forge_nb.session import SessionError
 from tests.conftest import wait_no_children
+from tests.mesh.probe import EnvProbe
 
 pytestmark = pytest.mark.slow
-
-
-class EnvProbe(Actor):
-    """Spawned into a role's proc: reports what that proc sees."""
-
-    @endpoint
-    def env(self, name: str) -> str | None:
-        return os.environ.get(name)
-
-    @endpoint
-    def pid(self) -> int:
-        return os.getpid()
 
 
 def slurm_session(slurm, tmp_path, **overrides):
