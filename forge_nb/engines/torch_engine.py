@@ -19,6 +19,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
 from forge_nb.engines import prefix_cache
 from forge_nb.engines.base import Prompt, SamplingParams, cut_at_stop, encode_prompts
+from forge_nb.padding import left_padded
 from forge_nb.rl.completion import Completion
 from forge_nb.rl.prefix_batch import completion_logprobs
 
@@ -115,12 +116,7 @@ class TorchEngine:
 
     def _prefill(self, prompts: list[list[int]]):
         """Left-padded prompts [B, W] through the model -> (output with its cache, mask [B, W], positions [B, W])."""
-        batch, width = len(prompts), max(len(p) for p in prompts)
-        input_ids = torch.full((batch, width), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((batch, width), dtype=torch.long)
-        for i, ids in enumerate(prompts):
-            input_ids[i, width - len(ids) :] = torch.tensor(ids)
-            mask[i, width - len(ids) :] = 1
+        input_ids, mask = left_padded(prompts, self.pad_id)
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         out = self.model(
             input_ids=input_ids, attention_mask=mask, position_ids=positions, use_cache=True, **self._last_logits
@@ -133,13 +129,10 @@ class TorchEngine:
         kept = [len(h[0]) if h else 0 for h in hits]
         rest = [p[n:] for p, n in zip(prompts, kept)]
         cache, kept_mask = prefix_cache.batched([h[1] if h else None for h in hits], max(kept))
-        batch, width = len(prompts), max(len(r) for r in rest)
-        input_ids = torch.full((batch, width), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((batch, width), dtype=torch.long)
-        positions = torch.zeros((batch, width), dtype=torch.long)
+        input_ids, mask = left_padded(rest, self.pad_id)
+        width = input_ids.shape[1]
+        positions = torch.zeros_like(input_ids)
         for i, (ids, n) in enumerate(zip(rest, kept)):
-            input_ids[i, width - len(ids) :] = torch.tensor(ids)
-            mask[i, width - len(ids) :] = 1
             positions[i, width - len(ids) :] = torch.arange(n, n + len(ids))
         mask = torch.cat([kept_mask, mask], dim=1)
         out = self.model(

@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
+from forge_nb.padding import left_padded
 from forge_nb.rewards.verdicts import JudgeAnswer, JudgeRequest
 
 
@@ -115,12 +116,7 @@ class JudgeModel:
 
     def _left_padded(self, prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
         """Token ids and attention mask, [b, width] each, on the model's device."""
-        width = max(map(len, prompts))
-        input_ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((len(prompts), width), dtype=torch.long)
-        for row, p in enumerate(prompts):
-            input_ids[row, width - len(p) :] = torch.tensor(p)
-            mask[row, width - len(p) :] = 1
+        input_ids, mask = left_padded(prompts, self.pad_id)
         return input_ids.to(self.device), mask.to(self.device)
 
 

@@ -19,6 +19,8 @@ from dataclasses import dataclass, fields
 import torch
 from torch import nn
 
+from forge_nb.padding import left_padded
+
 
 @dataclass
 class PrefixBatch:
@@ -73,11 +75,7 @@ def collate_prefix(
     index: dict[tuple[int, ...], int] = {}
     prompt_of = torch.tensor([index.setdefault(tuple(p), len(index)) for p in prompt_ids])
     prompts = list(index)
-    lengths = torch.tensor([len(p) for p in prompts])
-    width = int(lengths.max())
-    prompt_mask = (torch.arange(width) >= width - lengths[:, None]).long()  # left padding
-    prompt_tensor = torch.full((len(prompts), width), pad_id, dtype=torch.long)
-    prompt_tensor[prompt_mask.bool()] = torch.tensor([t for p in prompts for t in p], dtype=torch.long)
+    prompt_tensor, prompt_mask = left_padded(prompts, pad_id)
     sizes = torch.tensor([len(c) for c in completion_ids])
     where = torch.arange(int(sizes.max())) < sizes[:, None]  # right padding
     completions = torch.full(where.shape, pad_id, dtype=torch.long)
