@@ -22,7 +22,7 @@ class _Roles:
     """Records the calls the step makes, in order, and answers like the actors do."""
 
     def __init__(self, state: RunState) -> None:
-        self.state, self.calls = state, []
+        self.state, self.calls, self.kept_logprobs = state, [], []
         self.envs = SimpleNamespace(live=None)  # no agent rollout: one completion per sample
 
     def generate(self, ids, sampling):
@@ -41,8 +41,9 @@ class _Roles:
         rewards = [float(i % 2) for i in range(len(batch))]
         return [(slice(0, len(batch)), Scores(rewards))]
 
-    def train_step(self, episodes):
+    def train_step(self, episodes, keep_logprobs=True):
         self.calls.append("train_step")
+        self.kept_logprobs.append(keep_logprobs)
         self.state.versions.trained += 1
         return TrainResult(self.state.versions.trained, 0, {"loss": 0.3, "grad_norm": 1.5}, 0.2, 0.01)
 
@@ -82,3 +83,13 @@ def test_a_batch_with_nothing_to_train_counts_a_step_but_takes_none():
     trained = step.train(state, roles, batch, loss_version=3)
     assert "train_step" not in roles.calls and trained["skipped"] and trained["loss_version"] == 3
     assert state.step_count == 1 and state.versions.trained == 0
+
+
+def test_the_trainer_answers_with_its_logprobs_only_when_a_rollout_log_keeps_them():
+    state = _state()
+    roles = _Roles(state)
+    step.sync_step(state, roles, loss_version=0)  # no rollout log (`log.samples` false)
+    logged = []
+    state.rollout_log = SimpleNamespace(append=logged.append)
+    step.sync_step(state, roles, loss_version=0)
+    assert roles.kept_logprobs == [False, True] and [b.step for b in logged] == [2]

@@ -17,6 +17,7 @@ from forge_nb.engines.base import Completion, SamplingParams
 from forge_nb.lora.serve import ServedAdapter, read_adapter, served_adapter
 from forge_nb.weights.manifest import WeightManifest, checksum
 from forge_nb.weights.refresh import RefreshReport, WeightReceiver
+from forge_nb.wire import Packed
 
 
 @dataclass(frozen=True)
@@ -52,7 +53,7 @@ class GeneratorSpec:
 
 
 @dataclass(frozen=True)
-class Generation:
+class Generation(Packed):
     """`completions[prompt][sample]`, the policy version that produced them, and seconds taken."""
 
     completions: list[list[Completion]]

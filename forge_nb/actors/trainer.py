@@ -21,6 +21,7 @@ from forge_nb.rl.prefix_batch import completion_logprobs
 from forge_nb.rl.train_step import NonFiniteGradient, policy_update
 from forge_nb.weights.manifest import WeightManifest, checksum
 from forge_nb.weights.publish import WeightPublisher
+from forge_nb.wire import Packed
 
 STATE_FILE = "trainer_state.pt"
 
@@ -57,7 +58,7 @@ class TrainerSpec(ModelSpec):
 
 
 @dataclass(frozen=True)
-class TrainResult:
+class TrainResult(Packed):
     """What one `train_step` did: the policy version it published, the loss version it ran, the
     step's metrics (`rl.train_step.policy_update`: loss, grad_norm, approx_kl, tokens, ...) and times (s)."""
 
@@ -68,6 +69,7 @@ class TrainResult:
     publish_seconds: float
     # Per sequence, the policy's logprob of each completion token before the step (the rollout log's
     # "trainer_logprobs", beside the generator's); rows the step left out keep their behaviour logprobs.
+    # None when the batch did not ask for them (`TrainBatch.keep_logprobs`: no rollout log).
     token_logprobs: list[list[float]] | None = None
 
     def as_dict(self) -> dict[str, float]:
@@ -156,7 +158,9 @@ class Trainer(ForgeActor):
         stepped = time.perf_counter()
         self.publisher.publish(self._published(), self.version + 1)
         end = time.perf_counter()
-        token_logprobs = [row[: len(c)] for row, c in zip(logprobs.cpu().tolist(), batch.completion_ids)]
+        token_logprobs = None
+        if batch.keep_logprobs:
+            token_logprobs = [row[: len(c)] for row, c in zip(logprobs.cpu().tolist(), batch.completion_ids)]
         return TrainResult(self.version, self.loss_version, metrics, end - start, end - stepped, token_logprobs)
 
     @endpoint

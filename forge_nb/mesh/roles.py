@@ -260,13 +260,14 @@ class Roles(Supervised):
             e.ref_logprobs = row
         return time.perf_counter() - start
 
-    def train_step(self, episodes: list[Episode]) -> TrainResult:
+    def train_step(self, episodes: list[Episode], keep_logprobs: bool = True) -> TrainResult:
         """One optimizer step on `episodes` (with their reference logprobs when a reference runs:
-        rollouts carry them; those made before it existed get them here)."""
+        rollouts carry them; those made before it existed get them here); `keep_logprobs`: the answer
+        carries the trainer's per-token logprobs."""
         if self.has_reference:
             missing = [e for e in episodes if e.ref_logprobs is None]
             self.attach_reference(missing, self.reference_logprobs(missing))
-        batch = TrainBatch.of(episodes, self.has_reference)
+        batch = TrainBatch.of(episodes, self.has_reference, keep_logprobs)
         result = self._supervised("trainer", lambda: wait(self.trainer.train_step.call_one(batch)))
         self.versions.trained = result.policy_version
         return result

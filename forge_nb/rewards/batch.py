@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from forge_nb.rewards.trl_form import PROMPT_AS_GIVEN, batched_keywords, prompt_as_given
 from forge_nb.rewards.verdicts import JudgeStats
+from forge_nb.wire import Packed
 
 
 @dataclass(frozen=True)
@@ -32,7 +33,7 @@ class RewardSample:
 
 
 @dataclass(frozen=True)
-class RewardBatch:
+class RewardBatch(Packed):
     """A batch to score, as columns (one entry per sample); `samples()` expands it where it is scored."""
 
     prompts: list[str]
@@ -105,7 +106,7 @@ def columns_of(samples: Sequence[RewardSample]) -> dict[str, list]:
 
 
 @dataclass
-class Scores:
+class Scores(Packed):
     """Rewards of one batch under one reward version.
 
     `rewards[i]` is sample i's weighted sum over the live members (None where it failed: `errors[i]`

@@ -14,6 +14,7 @@ from torch import nn
 
 from forge_nb.rl.episode import Episode
 from forge_nb.rl.prefix_batch import PrefixBatch, collate_prefix
+from forge_nb.wire import Packed
 
 
 @dataclass
@@ -46,7 +47,7 @@ class TokenBatch:
 
 
 @dataclass(frozen=True)
-class TrainBatch:
+class TrainBatch(Packed):
     """B sequences to train on, as lists: what travels from the kernel to the trainer.
 
     `logprobs` are the behaviour policy's (the generator's), `ref_logprobs` the reference model's
@@ -59,9 +60,10 @@ class TrainBatch:
     advantages: list[float]
     ref_logprobs: list[list[float]] | None = None
     policy_masks: list[list[int]] | None = None  # multi-turn: 1 on the policy's own completion tokens
+    keep_logprobs: bool = True  # answer with the trainer's per-token logprobs (the rollout log's)
 
     @classmethod
-    def of(cls, episodes: Sequence[Episode], with_reference: bool = False) -> TrainBatch:
+    def of(cls, episodes: Sequence[Episode], with_reference: bool = False, keep_logprobs: bool = True) -> TrainBatch:
         multi_turn = any(e.completion_mask is not None for e in episodes)
         return cls(
             [e.prompt_ids for e in episodes],
@@ -70,6 +72,7 @@ class TrainBatch:
             [e.advantage for e in episodes],
             [e.ref_logprobs for e in episodes] if with_reference else None,
             [e.completion_mask or [1] * e.num_tokens for e in episodes] if multi_turn else None,
+            keep_logprobs,
         )
 
     def __len__(self) -> int:
