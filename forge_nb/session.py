@@ -7,9 +7,8 @@
     s.down()                    # every proc stopped
 
 It holds the locks and delegates: the step to `step` (on the `state.RunState` it owns), the actors to
-`mesh.roles`, live code to `live.manager`, background runs to `loop`, checkpoints to `checkpoints`.
-Data flows one way: session -> step -> roles -> actors -> engines and algorithms. Notebook views
-wrap a session (`notebook.session`); this module imports no notebook code.
+`mesh.roles`, live code to `live.manager`, background runs to `loop`, checkpoints to `checkpoints`. Data
+flows one way: session -> step -> roles -> actors -> engines and algorithms; notebook views wrap a session.
 """
 
 from __future__ import annotations
@@ -24,7 +23,7 @@ import pandas as pd
 from tqdm.auto import tqdm
 from transformers import AutoConfig, AutoTokenizer
 
-from forge_nb import evaluation, step, tables
+from forge_nb import evaluation, heap, step, tables
 from forge_nb.checkpoints import Checkpoints
 from forge_nb.config import Config
 from forge_nb.export import export_bundle
@@ -120,6 +119,7 @@ class Session:
             self.live_code.connect(actors, self.generation_lock, self.training_lock, state, self.probe_samples)
             self.agents.connect(actors.envs, self.generation_lock, lambda a: evaluation.probe_agents(actors, state, a))
             self.agents.restore()
+            heap.hold(self)  # the start-up heap out of full collections while this session is up
         except Exception as e:
             self.down()
             if isinstance(e, SlurmError):
@@ -140,6 +140,7 @@ class Session:
         actors, self.actors = self.actors, None
         lifecycle.unregister(self)
         self.state.close_logs()
+        heap.release(self)
         if actors is None:
             return
         self._event("session", "down")

@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 import torch
 from monarch.actor import Actor, endpoint
 
+from forge_nb import heap
+
 
 @dataclass(frozen=True)
 class ActorInfo:
@@ -49,6 +51,7 @@ class _Started:
         """Call at the end of the constructor: from now on `ready` answers."""
         start_s = time.perf_counter() - self._started_at
         self._info = ActorInfo(self.role, os.getpid(), socket.gethostname(), start_s, details)
+        heap.freeze()  # the proc's start-up heap (torch, the model, the engine) out of full collections
 
 
 class ForgeActor(_Started, Actor):
