@@ -37,14 +37,29 @@ class PromptFormat:
         return hit
 
     def render_all(self, problems: list[Problem]) -> tuple[list[str], list[list[int]]]:
-        """Texts and token ids of `problems`, in order."""
-        rendered = [self.render(p) for p in problems]
+        """Texts and token ids of `problems`, in order; those not seen before tokenized in one call."""
+        if len(self._cache) >= CACHE_SIZE:
+            self._cache.clear()
+        missing = {p.prompt_id: p.prompt for p in problems if p.prompt_id not in self._cache}
+        texts = {prompt_id: self._text(prompt, prompt_id) for prompt_id, prompt in missing.items()}
+        for special in (True, False):  # a batch may mix plain strings (raw) and chat messages
+            ids = [i for i, (_, s) in texts.items() if s == special]
+            if ids:
+                tokenized = self.tokenizer([texts[i][0] for i in ids], add_special_tokens=special)["input_ids"]
+                self._cache.update({i: (texts[i][0], row) for i, row in zip(ids, tokenized)})
+        rendered = [self._cache[p.prompt_id] for p in problems]
         return [text for text, _ in rendered], [ids for _, ids in rendered]
 
     def encode(self, prompt: str | Messages, prompt_id: str = "given") -> tuple[str, list[int]]:
         """(text, token ids) of one prompt, not remembered (`render` remembers a problem's by id)."""
+        text, special = self._text(prompt, prompt_id)
+        return text, self.tokenizer(text, add_special_tokens=special)["input_ids"]
+
+    def _text(self, prompt: str | Messages, prompt_id: str) -> tuple[str, bool]:
+        """(the text the model sees, whether tokenizing it adds the tokenizer's special tokens: only for
+        a plain string; a chat template's are in its text)."""
         if isinstance(prompt, str) and self.style != "chat":
-            return prompt, self.tokenizer(prompt)["input_ids"]
+            return prompt, True
         if self.style == "raw":
             raise PromptError(f"prompt {prompt_id}: chat messages, but task.prompt_format='raw'; give strings")
         messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
@@ -55,8 +70,7 @@ class PromptFormat:
                 f"prompt {prompt_id}: chat messages, but the model's tokenizer has no chat template; give the prompts "
                 "as strings (they go to the model as they are), or use an instruct model"
             )
-        text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        return text, self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True), False
 
 
 def check_lengths(problems: list[Problem], prompts: PromptFormat, context: int, max_tokens: int) -> None:

@@ -44,6 +44,20 @@ def test_strings_stay_raw_unless_the_format_is_chat(tokenizer):
     assert chat == "<user>12+34=\n<assistant>"
 
 
+def test_a_batch_renders_as_each_prompt_alone_strings_and_messages_mixed(tokenizer):
+    problems = [
+        Problem("s1", "12+34=", "46"),
+        Problem("m1", [{"role": "user", "content": "What is 2+2?"}], "4"),
+        Problem("s1", "12+34=", "46"),  # the same prompt twice in one batch
+        Problem("s2", "7+8=", "15"),
+    ]
+    prompts = PromptFormat(tokenizer)
+    texts, ids = prompts.render_all(problems)
+    alone = [PromptFormat(tokenizer).render(p) for p in problems]
+    assert list(zip(texts, ids)) == alone
+    assert prompts.render_all(problems[1:2]) == ([alone[1][0]], [alone[1][1]])  # remembered by prompt id
+
+
 def test_messages_with_a_raw_format_or_without_a_template_are_refused(tokenizer):
     messages = Problem("m", [{"role": "user", "content": "hi"}], "x")
     with pytest.raises(PromptError, match="prompt m: chat messages, but task.prompt_format='raw'"):
