@@ -8,6 +8,10 @@ loop copies weights with a memcpy; the mesh's generator copies them from the tra
 rollout log (every sample written to Parquet, which the plain loop does not do) is off unless `--log`.
 Blocks of steps alternate between the two so machine noise hits both alike.
 
+Last, the floor: the four messages of a mesh step (generate, score, train, refresh) with the payloads of
+the run's last step, back to back, to actors in their own procs that answer at once. No mesh step can
+cost less than the plain step plus this.
+
     python benchmarks/overhead.py [--steps-per-block 25] [--blocks 4]
 """
 
@@ -19,17 +23,25 @@ import statistics
 import time
 
 import torch
+from monarch.actor import Actor, endpoint
 from transformers import AutoModelForCausalLM
 
 import forge_nb
+from forge_nb.actors.generator import Generation
+from forge_nb.actors.trainer import TrainResult
 from forge_nb.config import Config
 from forge_nb.engines.torch_engine import TorchEngine
 from forge_nb.live.builtin import builtin_loss
+from forge_nb.mesh.local import LocalMesh
+from forge_nb.rewards.batch import Scores
 from forge_nb.rl.advantages import group_relative
+from forge_nb.rl.batch import TrainBatch
 from forge_nb.rl.losses import grpo_loss
 from forge_nb.rl.prefix_batch import collate_prefix
 from forge_nb.rl.train_step import policy_update
+from forge_nb.step import reward_batch
 from forge_nb.tasks import make_task
+from forge_nb.weights.refresh import RefreshReport
 
 
 class PlainLoop:
@@ -54,6 +66,7 @@ class PlainLoop:
         t0 = time.perf_counter()
         problems = self.task.sample(a.prompts_per_step)
         completions = self.engine.generate([p.prompt for p in problems], sampling)
+        self.last = problems, completions
         t1 = time.perf_counter()
         flat = [c for group in completions for c in group]
         targets = [p.target for p in problems for _ in range(sampling.n)]
@@ -85,6 +98,59 @@ class PlainLoop:
         return times
 
 
+class Answers(Actor):
+    """Answers each call at once with the reply it was given for that endpoint (the floor's reward, trainer)."""
+
+    def __init__(self, spec: dict) -> None:
+        self.replies = spec
+
+    @endpoint
+    def call(self, *args: object) -> object:
+        return self.replies["call"]
+
+
+class AsyncAnswers(Actor):
+    """`Answers` with async endpoints, as the generator has: `call` (generate) and `refresh`."""
+
+    def __init__(self, spec: dict) -> None:
+        self.replies = spec
+
+    @endpoint
+    async def call(self, *args: object) -> object:
+        return self.replies["call"]
+
+    @endpoint
+    async def refresh(self, *args: object) -> object:
+        return self.replies["refresh"]
+
+
+def floor(session, plain: PlainLoop, steps: int) -> list[float]:
+    """Seconds per step of the mesh step's four messages alone, with the last step's payloads."""
+    problems, completions = plain.last
+    episodes = session.state.buffer.recent(sum(len(group) for group in completions))
+    ids, sampling = session.state.prompts.render_all(problems)[1], session.state.sampling()
+    batch, rewards = TrainBatch.of(episodes), reward_batch(episodes, session.state.step_count)
+    scores = Scores([e.reward for e in episodes], components={"reward": [e.reward for e in episodes]})
+    result = TrainResult(1, 0, {"loss": 0.0, "grad_norm": 0.0}, 0.0, 0.0)
+    report = RefreshReport(1, 0, 0, 0.0, 0.0, False, "shm")
+    mesh = LocalMesh()
+    try:
+        generator = mesh.spawn("generator", AsyncAnswers, {"call": Generation(completions, 0, 0.0), "refresh": report})
+        reward = mesh.spawn("reward", Answers, {"call": scores})
+        trainer = mesh.spawn("trainer", Answers, {"call": result})
+        calls = [(generator.call, (ids, sampling)), (reward.call, (rewards,)), (trainer.call, (batch,))]
+        calls.append((generator.refresh, (1,)))
+        seconds = []
+        for _ in range(steps + 5):
+            start = time.perf_counter()
+            for call, args in calls:
+                call.call_one(*args).get()
+            seconds.append(time.perf_counter() - start)
+        return seconds[5:]
+    finally:
+        mesh.stop()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps-per-block", type=int, default=25)
@@ -108,12 +174,13 @@ def main() -> None:
         for _ in range(args.blocks):
             plain_rows += [plain.step(session.state.sampling()) for _ in range(args.steps_per_block)]
             mesh_rows += session.step(args.steps_per_block, progress=False).to_dict("records")
+        floor_s = floor(session, plain, len(mesh_rows))
     finally:
         session.down()
-    report(plain_rows, mesh_rows, config)
+    report(plain_rows, mesh_rows, config, floor_s)
 
 
-def report(plain_rows: list[dict], mesh_rows: list[dict], config: Config) -> None:
+def report(plain_rows: list[dict], mesh_rows: list[dict], config: Config, floor_s: list[float]) -> None:
     a = config.algorithm
     print(
         f"\nGRPO step, bundled model, {a.prompts_per_step} prompts x {a.group_size} samples, "
@@ -130,6 +197,11 @@ def report(plain_rows: list[dict], mesh_rows: list[dict], config: Config) -> Non
     m_mean = statistics.fmean(r["step_s"] for r in mesh_rows)
     print(f"{'step_s (mean)':<18}{p_mean:>12.4f}{m_mean:>15.4f}{m_mean / p_mean:>8.2f}x")
     print(f"\nmesh / plain step time: {m_mean / p_mean:.3f}x (goal <= 1.10x)")
+    f_median, f_mean = statistics.median(floor_s), statistics.fmean(floor_s)
+    print(
+        f"floor: the step's four messages alone, back to back, {f_median * 1e3:.2f} ms median "
+        f"({f_mean * 1e3:.2f} mean) a step: at best (plain + floor) / plain = {(p_mean + f_mean) / p_mean:.3f}x"
+    )
 
 
 if __name__ == "__main__":
