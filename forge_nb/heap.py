@@ -4,8 +4,8 @@ After torch, transformers, pandas and Monarch are imported a process tracks ~480
 (generation 2) collection walks all of them: 200-220 ms in the kernel, measured, every few hundred
 steps, in the middle of one (a step on the bundled model takes ~45 ms). Objects alive once a session has
 started are frozen (`gc.freeze`, as vLLM's engine does after start-up), so a full collection walks only
-what came after. Frozen objects that later form a garbage cycle are freed only when the heap is thawed:
-in the kernel that happens when its last session goes down (`thaw`); a proc's heap stays frozen for the
+what came after. Frozen objects that later become garbage in a cycle are freed only when the heap is
+thawed: in the kernel when its last session goes down (`release`); a proc's heap stays frozen for the
 proc's life.
 """
 
