@@ -1,13 +1,11 @@
-"""Step messages cross procs C-pickled whole, and fall back to Monarch's pickler where only it can carry them."""
+"""The generator's answer crosses procs C-pickled whole; what only cloudpickle can carry goes as before."""
 
-import pickle
 from dataclasses import dataclass
 
-from monarch._src.actor.pickle import flatten, unflatten
+from monarch._rust_bindings.monarch_hyperactor.pickle import pickle as monarch_pickle
 
 from forge_nb.actors.generator import Generation
 from forge_nb.engines.base import Completion
-from forge_nb.rewards.batch import Scores
 from forge_nb.wire import Packed, pack
 
 
@@ -18,19 +16,16 @@ class _Message(Packed):
 
 
 def _through_monarch(obj):
-    saved, buffer = flatten(obj, lambda o: False)
-    return unflatten(buffer.freeze(), saved)
+    """As an endpoint's answer travels: Monarch's pickle (cloudpickle inside), then unpickled."""
+    return monarch_pickle(obj, allow_tensor_engine_references=False, allow_mesh_references=True).unpickle()
 
 
-def test_a_message_crosses_as_one_bytes_object_and_comes_back_equal():
+def test_a_generation_crosses_as_one_bytes_object_and_comes_back_equal():
     group = [Completion([1, 2], [3, 4], [-0.5, -0.25], "34", "stop") for _ in range(3)]
     generation = Generation([group, group], 7, 0.25)
     back = _through_monarch(generation)
     assert back == generation and type(back) is Generation and back.completions[1][2].token_ids == [3, 4]
-    reduced = generation.__reduce__()
-    assert isinstance(reduced[1][1], bytes)  # the C pickler's bytes: Monarch's pickler sees one object
-    scores = Scores([1.0, None], {1: "reward: raised ValueError"}, 3, {"reward": [1.0, None]})
-    assert pickle.loads(pickle.dumps(scores)) == scores
+    assert isinstance(generation.__reduce__()[1][1], bytes)  # cloudpickle sees one object, not 6 completions
 
 
 def test_what_only_cloudpickle_can_carry_falls_back_to_monarchs_pickler():

@@ -21,7 +21,6 @@ from forge_nb.rl.prefix_batch import completion_logprobs
 from forge_nb.rl.train_step import NonFiniteGradient, policy_update
 from forge_nb.weights.manifest import WeightManifest, checksum
 from forge_nb.weights.publish import WeightPublisher
-from forge_nb.wire import Packed
 
 STATE_FILE = "trainer_state.pt"
 
@@ -58,7 +57,7 @@ class TrainerSpec(ModelSpec):
 
 
 @dataclass(frozen=True)
-class TrainResult(Packed):
+class TrainResult:
     """What one `train_step` did: the policy version it published, the loss version it ran, the
     step's metrics (`rl.train_step.policy_update`: loss, grad_norm, approx_kl, tokens, ...) and times (s)."""
 

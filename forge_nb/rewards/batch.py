@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 
 from forge_nb.rewards.trl_form import PROMPT_AS_GIVEN, batched_keywords, prompt_as_given
 from forge_nb.rewards.verdicts import JudgeStats
-from forge_nb.wire import Packed
 
 
 @dataclass(frozen=True)
@@ -33,7 +32,7 @@ class RewardSample:
 
 
 @dataclass(frozen=True)
-class RewardBatch(Packed):
+class RewardBatch:
     """A batch to score, as columns (one entry per sample); `samples()` expands it where it is scored."""
 
     prompts: list[str]
@@ -106,7 +105,7 @@ def columns_of(samples: Sequence[RewardSample]) -> dict[str, list]:
 
 
 @dataclass
-class Scores(Packed):
+class Scores:
     """Rewards of one batch under one reward version.
 
     `rewards[i]` is sample i's weighted sum over the live members (None where it failed: `errors[i]`

@@ -14,7 +14,6 @@ from torch import nn
 
 from forge_nb.rl.episode import Episode
 from forge_nb.rl.prefix_batch import PrefixBatch, collate_prefix
-from forge_nb.wire import Packed
 
 
 @dataclass
@@ -47,7 +46,7 @@ class TokenBatch:
 
 
 @dataclass(frozen=True)
-class TrainBatch(Packed):
+class TrainBatch:
     """B sequences to train on, as lists: what travels from the kernel to the trainer.
 
     `logprobs` are the behaviour policy's (the generator's), `ref_logprobs` the reference model's
