@@ -5,23 +5,31 @@ After torch, transformers, pandas and Monarch are imported a process tracks ~480
 steps, in the middle of one (a step on the bundled model takes ~45 ms). Objects alive once a session has
 started are frozen (`gc.freeze`, as vLLM's engine does after start-up), so a full collection walks only
 what came after. Frozen objects that later become garbage in a cycle are freed only when the heap is
-thawed: in the kernel when its last session goes down (`release`); a proc's heap stays frozen for the
-proc's life.
+thawed: in the kernel when its last session goes down (`release`); a proc's heap stays frozen until the
+proc exits.
 """
 
 from __future__ import annotations
 
+import atexit
 import gc
 import threading
 
 _lock = threading.Lock()
 _holders: set[int] = set()  # ids of the sessions up in this process that froze the heap
+_thaw_at_exit = False
 
 
 def freeze() -> None:
-    """Collect what is garbage now, then freeze every object alive."""
+    """Collect what is garbage now, then freeze every object alive (thawed again when the process exits)."""
+    global _thaw_at_exit
     gc.collect()
     gc.freeze()
+    if not _thaw_at_exit:
+        # The interpreter's last collection skips frozen objects: extension modules that count their objects
+        # at exit (triton's nanobind bindings, imported with torch) would print hundreds of "leaked" lines.
+        atexit.register(gc.unfreeze)
+        _thaw_at_exit = True
 
 
 def hold(session: object) -> None:

@@ -18,6 +18,7 @@ def test_demo_prints_a_table_and_held_out_accuracy_before_and_after():
     for column in ("mean_reward", "accuracy", "tokens_per_s", "train_s", "refresh_gbps"):
         assert column in out.stdout
     assert "2-2" in out.stdout  # the second step's row
+    assert "leaked" not in out.stdout + out.stderr  # frozen heaps thawed at exit: no extension's leak report
 
 
 def test_demo_with_an_unknown_field_fails_fast_with_the_field_named():
