@@ -17,19 +17,17 @@ import threading
 
 _lock = threading.Lock()
 _holders: set[int] = set()  # ids of the sessions up in this process that froze the heap
-_thaw_at_exit = False
+
+# The interpreter's last collection skips frozen objects: extension modules that count their objects at exit
+# (triton's nanobind bindings, imported with torch) would print hundreds of "leaked" lines. Thawing a heap
+# that is not frozen does nothing.
+atexit.register(gc.unfreeze)
 
 
 def freeze() -> None:
     """Collect what is garbage now, then freeze every object alive (thawed again when the process exits)."""
-    global _thaw_at_exit
     gc.collect()
     gc.freeze()
-    if not _thaw_at_exit:
-        # The interpreter's last collection skips frozen objects: extension modules that count their objects
-        # at exit (triton's nanobind bindings, imported with torch) would print hundreds of "leaked" lines.
-        atexit.register(gc.unfreeze)
-        _thaw_at_exit = True
 
 
 def hold(session: object) -> None:

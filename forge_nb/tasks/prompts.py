@@ -29,12 +29,8 @@ class PromptFormat:
 
     def render(self, problem: Problem) -> tuple[str, list[int]]:
         """(the text the model sees, its token ids)."""
-        hit = self._cache.get(problem.prompt_id)
-        if hit is None:
-            if len(self._cache) >= CACHE_SIZE:
-                self._cache.clear()
-            hit = self._cache[problem.prompt_id] = self.encode(problem.prompt, problem.prompt_id)
-        return hit
+        texts, ids = self.render_all([problem])
+        return texts[0], ids[0]
 
     def render_all(self, problems: list[Problem]) -> tuple[list[str], list[list[int]]]:
         """Texts and token ids of `problems`, in order; those not seen before tokenized in one call."""
