@@ -97,3 +97,25 @@ def jupyter_lab(root: Path, token: str = "forge-nb-test") -> Iterator[str]:
         for p in alive:
             p.kill()
         assert alive == [], f"left running after the server stopped: {alive}"
+
+
+def run_all_cells(page, expect, count: int) -> None:
+    """Shift+Enter on each of the visible notebook's `count` cells in turn, as a person would, and check that
+    each one queued or ran ("[*]:" or "[n]:"). Lab renders a notebook's cells one after another, so it first
+    waits for all `count` (counting them at once can see only the first). A keystroke can be dropped -- a
+    notebook shows "Idle" a moment before its kernel connection is up -- so a cell still at "[ ]:" is pressed
+    again, never one that started (that would run it twice)."""
+    cells = page.locator(".jp-NotebookPanel:visible .jp-Cell")
+    expect(cells).to_have_count(count, timeout=60_000)
+    for i in range(count):
+        prompt = cells.nth(i).locator(".jp-InputPrompt")
+        for _ in range(20):
+            prompt.click()
+            page.keyboard.press("Shift+Enter")
+            try:
+                expect(prompt).not_to_have_text("[ ]:", timeout=3_000)
+                break
+            except AssertionError:  # the press was dropped: wait a moment and press again
+                page.wait_for_timeout(1_000)
+        else:
+            raise AssertionError(f"cell {i + 1} never started executing")

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.notebook.lab import CHROMIUM_FLAGS, jupyter_lab, write_notebook
+from tests.notebook.lab import CHROMIUM_FLAGS, jupyter_lab, run_all_cells, write_notebook
 
 pytestmark = pytest.mark.slow
 
@@ -45,28 +45,11 @@ def test_dashboard_renders_sync_bumps_the_version_and_a_click_on_the_reward_curv
             browser.close()
 
 
-def _run_cells(page) -> None:
-    """Shift+Enter through the cells, as a person would. A notebook can show "Idle" a moment before
-    its kernel connection is up, and keystrokes sent then are dropped: retry until the first cell
-    is queued or running ("[*]") or done ("[1]")."""
-    first = page.locator(".jp-Cell").first.locator(".jp-InputPrompt")
-    for _ in range(20):
-        first.click()
-        for _ in CELLS:
-            page.keyboard.press("Shift+Enter")
-        try:
-            page.wait_for_function("el => el.textContent.trim() !== '[ ]:'", arg=first.element_handle(), timeout=3_000)
-            return
-        except Exception:  # not started: wait for the kernel connection and retry
-            page.wait_for_timeout(1_000)
-    raise AssertionError("the notebook never started executing its cells")
-
-
 def _run_notebook_and_click_sync(page, url: str, expect) -> None:
     page.goto(url)
     page.locator(".jp-Notebook").wait_for(timeout=60_000)
     expect(page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']")).to_have_count(1, timeout=60_000)
-    _run_cells(page)
+    run_all_cells(page, expect, len(CELLS))
     board = page.locator(".forge-dashboard")
     version = board.locator(".forge-policy-generator")
     expect(version).to_have_text("v3", timeout=240_000)  # 3 synced steps; v4 is trained, not synced

@@ -15,7 +15,7 @@ import psutil
 import pytest
 
 from tests.conftest import wait_no_children
-from tests.notebook.lab import CHROMIUM_FLAGS, jupyter_lab, write_notebook
+from tests.notebook.lab import CHROMIUM_FLAGS, jupyter_lab, run_all_cells, write_notebook
 
 pytestmark = pytest.mark.slow
 
@@ -89,7 +89,7 @@ def _walk_through(page, url: str, shots: Path, expect) -> None:
     page.locator(".jp-DirListing-item[title^='Name: forge.ipynb']").dblclick()
     expect(sidebar.locator(".jp-ForgeSidebar-notebook")).to_have_text("forge.ipynb", timeout=30_000)
     _wait_idle(page, expect)
-    _run_all_cells(page, expect)
+    run_all_cells(page, expect, len(NOTEBOOKS["forge.ipynb"]))
     policy = sidebar.locator(".jp-ForgeSidebar-policy")
     expect(sidebar.locator(".jp-ForgeSidebar-status")).to_contain_text("Session up", timeout=180_000)
     expect(policy).to_have_attribute("data-trainer", "3", timeout=180_000)
@@ -175,21 +175,3 @@ def _wait_idle(page, expect) -> None:
     expect(page.locator(".jp-Notebook-ExecutionIndicator").first).to_have_attribute(
         "data-status", "idle", timeout=60_000
     )
-
-
-def _run_all_cells(page, expect) -> None:
-    """Shift+Enter through the current notebook's cells, as a person would. A notebook can show "Idle"
-    a moment before its kernel connection is up, and keystrokes sent then are dropped: retry until the
-    first cell is queued or running ("[*]") or done ("[1]")."""
-    cells = page.locator(".jp-NotebookPanel:visible .jp-Cell")
-    first = cells.first.locator(".jp-InputPrompt")
-    for _ in range(20):
-        first.click()
-        for _ in range(cells.count()):
-            page.keyboard.press("Shift+Enter")
-        try:
-            expect(first).not_to_have_text("[ ]:", timeout=3_000)
-            return
-        except AssertionError:  # not started: wait for the kernel connection and retry
-            page.wait_for_timeout(1_000)
-    raise AssertionError("the notebook never started executing its cells")
