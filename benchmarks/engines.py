@@ -28,16 +28,17 @@ import time
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig
+from transformers import AutoTokenizer
 
 from forge_nb.config import TaskConfig
 from forge_nb.engines.base import SamplingParams
 from forge_nb.engines.torch_engine import TorchEngine
-from forge_nb.models import BUNDLED_MODEL, resolve_model
+from forge_nb.models import resolve_model
 from forge_nb.tasks import make_task
 from forge_nb.tasks.base import Problem
 from forge_nb.tasks.prompts import PromptFormat
 from forge_nb.tasks.word_problems import word_problems
+from forge_nb.tools.bundled_model import random_model
 
 BATCHES = "8x8,32x8,128x8"  # prompts x samples per prompt
 
@@ -58,28 +59,6 @@ def measure(engine, batches: dict, max_tokens: int, repeats: int) -> dict:
         (p, n): tokens_per_s(engine, prompts, SamplingParams(n=n, max_tokens=max_tokens), repeats)
         for (p, n), prompts in batches.items()
     }
-
-
-def random_model(width: int, layers: int, out: Path) -> Path:
-    """A randomly initialised Llama (`width` hidden, `layers` layers, head dim 64) with the bundled
-    tokenizer, saved as an HF directory in `out`."""
-    tokenizer = AutoTokenizer.from_pretrained(str(BUNDLED_MODEL))
-    base = LlamaConfig.from_pretrained(str(BUNDLED_MODEL))
-    config = LlamaConfig(
-        **{
-            **base.to_dict(),
-            "hidden_size": width,
-            "intermediate_size": 3 * width,
-            "num_hidden_layers": layers,
-            "num_attention_heads": width // 64,
-            "num_key_value_heads": width // 64,
-            "head_dim": 64,
-        }
-    )
-    torch.manual_seed(0)
-    AutoModelForCausalLM.from_config(config).save_pretrained(out)
-    tokenizer.save_pretrained(out)
-    return out
 
 
 def prompt_ids(model: Path, count: int, chat: bool) -> list[list[int]]:
@@ -109,7 +88,7 @@ def main() -> None:
     args.model = resolve_model(args.model)
     if args.random:
         width, layers = (int(x) for x in args.random.split(","))
-        args.model, label = random_model(width, layers, Path(tempfile.mkdtemp(prefix="forge_nb_bench_"))), args.random
+        args.model, label = random_model(Path(tempfile.mkdtemp(prefix="forge_nb_bench_")), width, layers), args.random
     batches = {size: prompt_ids(args.model, size[0], args.chat) for size in sizes}
 
     torch.set_num_threads(args.threads)

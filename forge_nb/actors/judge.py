@@ -9,6 +9,7 @@ import torch
 from monarch.actor import endpoint
 
 from forge_nb.actors.base import ForgeActor
+from forge_nb.parallel.device import resolve_device
 from forge_nb.rewards.judge_model import JudgeModel
 from forge_nb.rewards.verdicts import JudgeAnswer, JudgeRequest, JudgeStats
 
@@ -33,7 +34,7 @@ class JudgeActor(ForgeActor):
 
         self._begin(spec.threads)
         model_dir = resolve_model(spec.model)
-        self.judge = JudgeModel.load(model_dir, getattr(torch, spec.dtype), spec.device)
+        self.judge = JudgeModel.load(model_dir, getattr(torch, spec.dtype), str(resolve_device(spec.device)))
         self.served = JudgeStats()
         self._ready(model=spec.model, model_dir=str(model_dir))
 

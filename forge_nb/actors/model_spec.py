@@ -10,8 +10,9 @@ from forge_nb.config import Config
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """The model `model_dir` in `dtype` on `device`, run with `threads` torch threads; its logprobs are
-    those of ``logits / temperature`` (the sampling temperature), over batches padded with `pad_id`."""
+    """The model `model_dir` in `dtype` on `device` ("auto", "cpu" or "cuda": resolved in the proc, which
+    sees only the GPUs its placement gave it), run with `threads` torch threads; its logprobs are those
+    of ``logits / temperature`` (the sampling temperature), over batches padded with `pad_id`."""
 
     model_dir: str
     dtype: str
@@ -28,7 +29,7 @@ class ModelSpec:
             str(config.model.resolved_path()),
             config.model.dtype,
             config.mesh.threads_per_proc,
-            config.model.resolved_device,
+            config.model.device,
             pad_id,
             config.engine.temperature,
             **more,

@@ -3,22 +3,22 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 from monarch.actor import endpoint
-from transformers import AutoModelForCausalLM
 
 from forge_nb.actors.base import ForgeActor
 from forge_nb.actors.model_spec import ModelSpec
-from forge_nb.config import AlgorithmConfig, Config, LoraConfig
+from forge_nb.config import AlgorithmConfig, Config, LoraConfig, TrainerConfig
 from forge_nb.live.capture import LiveCode, compile_function
 from forge_nb.live.validate import CheckFailed, check_loss_value
-from forge_nb.lora import adapter
+from forge_nb.parallel.device import resolve_device
+from forge_nb.parallel.gang import Gang, GangError, collective_failed
+from forge_nb.parallel.policy import Policy, PolicySpec
 from forge_nb.rl.batch import TrainBatch
-from forge_nb.rl.prefix_batch import completion_logprobs
-from forge_nb.rl.train_step import NonFiniteGradient, policy_update
+from forge_nb.rl.train_step import NonFiniteGradient
 from forge_nb.weights.manifest import WeightManifest, checksum
 from forge_nb.weights.publish import WeightPublisher
 
@@ -42,6 +42,8 @@ class TrainerSpec(ModelSpec):
     resume_from: str = ""  # a checkpoint's trainer/ folder (`save_state`): weights, optimizer, RNG, versions
     loss_version: int = 0
     lora: LoraConfig | None = None
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    procs: int = 1  # the gang's size (mesh.trainer_procs): every proc gets this same spec
 
     @classmethod
     def from_config(cls, config: Config, pad_id: int, loss: LiveCode) -> TrainerSpec:
@@ -53,6 +55,24 @@ class TrainerSpec(ModelSpec):
             serve_dtype=config.serve_dtype,
             chunk_mb=config.weights.chunk_mb,
             lora=config.lora if config.lora.enabled else None,
+            trainer=config.trainer,
+            procs=config.mesh.trainer_procs,
+        )
+
+    def policy(self) -> PolicySpec:
+        """What each rank's `Policy` holds. With LoRA a checkpoint holds the adapter only: the base
+        always comes from the model's directory."""
+        return PolicySpec(
+            self.model_dir if self.lora else (self.resume_from or self.model_dir),
+            self.dtype,
+            self.device,
+            self.pad_id,
+            self.temperature,
+            self.trainer,
+            self.trainer.sharded(self.procs),
+            self.algorithm.lr,
+            self.lora,
+            self.resume_from if self.lora else "",
         )
 
 
@@ -77,49 +97,39 @@ class TrainResult:
 
 
 class Trainer(ForgeActor):
-    """Holds the model and AdamW state (of the trainable parameters: every weight, or the LoRA adapter's).
-    Its policy version (optimizer steps taken; 0 = as loaded) is the one its publisher last stamped:
-    `version`. With LoRA it is also the reference model: the base with the adapter off."""
+    """Holds one rank's `Policy` (the model, or its FSDP2 shards in a gang of `mesh.trainer_procs`
+    procs, and the AdamW state of the trainable parameters: every weight, or the LoRA adapter's) and
+    the live loss. Its policy version (optimizer steps taken; 0 = as loaded) is the one it published
+    last: `version`. The gang's rank 0 answers, publishes and writes whole files; every rank runs every
+    call (each is a collective). With LoRA it is also the reference model: the base, adapter off."""
 
     role = "trainer"
 
     def __init__(self, spec: TrainerSpec) -> None:
         self._begin(spec.threads)
         torch.manual_seed(0)
-        self.device = torch.device(spec.device)
-        self.lora = spec.lora
-        # With LoRA a checkpoint holds the adapter only: the base always comes from the model's directory.
-        source = spec.model_dir if self.lora else (spec.resume_from or spec.model_dir)
-        model = AutoModelForCausalLM.from_pretrained(source, dtype=getattr(torch, spec.dtype))
-        if self.lora:
-            model = adapter.wrap(model, self.lora, spec.resume_from)
-        self.model = model.to(self.device)
+        sharded = spec.trainer.sharded(spec.procs)
+        self.gang = Gang.join(resolve_device(spec.device), spec.trainer.collective_timeout_s) if sharded else Gang()
+        self.policy = Policy(spec.policy(), self.gang)
         self.algorithm = spec.algorithm
-        trainable = [p for p in self.model.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(trainable, lr=spec.algorithm.lr, weight_decay=0.0)
         self._use_loss(spec.loss, spec.loss_version)
-        self.pad_id, self.temperature = spec.pad_id, spec.temperature
-        version = self._load_state(spec.resume_from) if spec.resume_from else 0
-        serve_dtype = getattr(torch, spec.serve_dtype)
-        self.publisher = WeightPublisher(self._published(), version, serve_dtype, spec.chunk_mb)
-        self._ready(device=spec.device, lora=bool(self.lora), **self.sizes())
-
-    def _published(self) -> list[tuple[str, torch.Tensor]]:
-        """What a refresh ships: every parameter, or with LoRA the adapter's (peft's saved names)."""
-        return adapter.adapter_tensors(self.model) if self.lora else list(self.model.named_parameters())
+        self.version = self._load_state(spec.resume_from) if spec.resume_from else 0
+        self.publisher: WeightPublisher | None = None
+        whole = self.policy.whole_published()
+        if self.gang.leader:
+            serve_dtype = getattr(torch, spec.serve_dtype)
+            published = self.policy.published()
+            self.publisher = WeightPublisher(published, self.version, serve_dtype, spec.chunk_mb, values=whole)
+        else:
+            _drain(whole)
+        self._ready(device=str(self.policy.device), lora=self.policy.lora, **self.sizes())
 
     def sizes(self) -> dict[str, int]:
-        """Trainable and total parameters, the adapter's bytes (0 without LoRA) and the bytes of a
-        published snapshot (what one refresh moves, its 64-byte header and alignment included)."""
-        counts = adapter.parameter_counts(self.model)
-        if not self.lora:
-            counts["adapter_bytes"] = 0
-        return {**counts, "refresh_bytes": self.publisher.nbytes}
-
-    @property
-    def version(self) -> int:
-        """The policy version of the weights: the one published last."""
-        return self.publisher.version
+        """Trainable and total parameters, the adapter's bytes (0 without LoRA), the bytes of a published
+        snapshot (what one refresh moves, its 64-byte header and alignment included; 0 off rank 0), the
+        gang (rank, procs) and what this rank holds of parameters, gradients and optimizer state."""
+        refresh = self.publisher.nbytes if self.publisher is not None else 0
+        return {**self.policy.sizes(), "refresh_bytes": refresh, "rank": self.gang.rank, "procs": self.gang.world}
 
     @endpoint
     def set_loss(self, code: LiveCode, version: int) -> int:
@@ -132,87 +142,101 @@ class Trainer(ForgeActor):
 
     @endpoint
     def train_step(self, batch: TrainBatch) -> TrainResult:
-        """One optimizer step on a batch of B sequences, then publish the new weights.
-
-        The policy version goes up by one; the published snapshot holds it when this returns.
-        If the live loss fails, `LossFailed` is raised and neither weights nor versions change.
-        """
+        """One optimizer step on a batch of B sequences (every rank gets the whole batch and runs its
+        part), then publish the new weights. The policy version goes up by one; the published snapshot
+        holds it when this returns. If the live loss fails, `LossFailed` is raised and neither weights
+        nor versions change; if a collective fails (a rank died or hangs), `GangError`."""
         start = time.perf_counter()
-        tokens = batch.collate(self.pad_id).to(self.device)
         try:
-            metrics, logprobs = policy_update(
-                self.model,
-                self.optimizer,
-                tokens,
-                self.loss_fn,
-                self.temperature,
-                self.algorithm.max_grad_norm,
-                check_loss_value,
-                skip_zero_advantage=self.loss_inert,
+            metrics, logprobs = self.policy.update(
+                batch, self.loss_fn, self.algorithm.max_grad_norm, check_loss_value, self.loss_inert
             )
         except (CheckFailed, NonFiniteGradient) as e:
             raise LossFailed(f"loss v{self.loss_version} {e}; no optimizer step was taken") from None
         except Exception as e:
+            if collective_failed(e):
+                raise GangError(f"trainer rank {self.gang.rank}: {type(e).__name__}: {e}") from None
             raise LossFailed(f"loss v{self.loss_version} raised {type(e).__name__}: {e}; no step was taken") from None
         stepped = time.perf_counter()
-        self.publisher.publish(self._published(), self.version + 1)
+        self._publish(self.version + 1)
         end = time.perf_counter()
-        token_logprobs = None
-        if batch.keep_logprobs:
-            token_logprobs = [row[: len(c)] for row, c in zip(logprobs.cpu().tolist(), batch.completion_ids)]
-        return TrainResult(self.version, self.loss_version, metrics, end - start, end - stepped, token_logprobs)
+        logprobs = logprobs if self.gang.leader else None  # rank 0 answers for the gang: one copy travels
+        return TrainResult(self.version, self.loss_version, metrics, end - start, end - stepped, logprobs)
+
+    def _publish(self, version: int) -> None:
+        """The whole weights into the snapshot (rank 0), gathered from every rank's shards."""
+        whole = self.policy.whole_published()
+        if self.publisher is not None:
+            self.publisher.publish(whole, version)
+        else:
+            _drain(whole)
+        self.version = version
 
     @endpoint
     def weights_manifest(self) -> WeightManifest:
-        """Layout and RDMA handle of the published snapshot (stable for the session)."""
+        """Layout and RDMA handle of the published snapshot (stable for the session; rank 0's)."""
         return self.publisher.manifest()
 
     @endpoint
     def unlink_shared_memory(self) -> None:
         """Drop the /dev/shm names once every generator has mapped them (nothing can leak after)."""
-        self.publisher.unlink()
+        if self.publisher is not None:
+            self.publisher.unlink()
 
     @endpoint
     def save(self, path: str) -> int:
         """Write the current weights as an HF model directory (config.json + safetensors) -> version.
         With LoRA: the adapter in peft's format at `path` and the merged model at path/merged."""
-        if self.lora:
-            adapter.save(self.model, path, merged=True)
-        else:
-            self.model.save_pretrained(path)
+        self.policy.save_pretrained(path, merged=True)
         return self.version
 
     @endpoint
     def save_state(self, path: str) -> int:
-        """Write what resuming needs exactly: the weights (HF directory; with LoRA the adapter, in peft's
-        format) and, beside them, `trainer_state.pt` with the optimizer state, the RNG state and the
-        policy version -> version."""
-        self.model.save_pretrained(path)
-        state = {"optimizer": self.optimizer.state_dict(), "rng": torch.get_rng_state(), "version": self.version}
-        torch.save(state, Path(path) / STATE_FILE)
+        """Write what resuming needs exactly, at any number of procs: the weights (HF directory; with LoRA
+        the adapter, in peft's format), each rank's shards of the trainable weights and optimizer state
+        (`parallel.state`), and `trainer_state.pt` with the RNG state and the policy version -> version."""
+        self.policy.save_pretrained(path)
+        self.policy.save_state(path)
+        if self.gang.leader:
+            torch.save({"rng": torch.get_rng_state(), "version": self.version}, Path(path) / STATE_FILE)
         return self.version
 
     def _load_state(self, path: str) -> int:
-        state = torch.load(Path(path) / STATE_FILE, map_location=self.device, weights_only=True)
-        self.optimizer.load_state_dict(state["optimizer"])
-        torch.set_rng_state(state["rng"])
-        return state["version"]
+        saved = torch.load(Path(path) / STATE_FILE, map_location="cpu", weights_only=True)
+        if "optimizer" in saved:  # written by one proc before the state was sharded (forge_nb <= wave 3)
+            if self.gang.world > 1:
+                raise ValueError(
+                    f"{path} was saved by one trainer proc of an earlier forge_nb; resume it with "
+                    "mesh.trainer_procs=1, save a checkpoint, then resume that one at any number of procs"
+                )
+            self.policy.optimizer.load_state_dict(saved["optimizer"])
+        else:
+            self.policy.load_state(path)
+        torch.set_rng_state(saved["rng"])
+        return saved["version"]
 
     # -- diagnostics: for tests and debugging, never on the training path ----------------------
 
     @endpoint
     def checksum(self) -> tuple[int, str]:
         """(policy version, checksum of what the trainer publishes: its parameters, or the adapter's)."""
-        return self.version, checksum(self._published())
+        whole = [(name, t.cpu()) for name, t in self.policy.whole_published()]
+        return self.version, checksum(whole)
 
     @endpoint
     def logprobs(self, prompt_ids: list[list[int]], completion_ids: list[list[int]]) -> list[list[float]]:
         """Recompute the completions' token logprobs under the current weights (no grad)."""
-        return completion_logprobs(self.model, prompt_ids, completion_ids, self.pad_id, self.temperature)
+        return self.policy.logprobs(prompt_ids, completion_ids)
 
     @endpoint
     def reference_logprobs(self, prompt_ids: list[list[int]], completion_ids: list[list[int]]) -> list[list[float]]:
         """LoRA only: the reference model's logprobs, i.e. the base's with the adapter off (no second
         copy of the weights; the `Reference` actor's contract)."""
-        with self.model.disable_adapter():
-            return completion_logprobs(self.model, prompt_ids, completion_ids, self.pad_id, self.temperature)
+        with self.policy.model.disable_adapter():
+            return self.policy.logprobs(prompt_ids, completion_ids)
+
+
+def _drain(tensors) -> None:
+    """Run a gang's gather on a rank that keeps nothing of it (each step is a collective)."""
+    for _ in tensors:
+        pass

@@ -33,6 +33,7 @@ from forge_nb.config.sections import (
     TaskConfig,
     WeightsConfig,
 )
+from forge_nb.config.trainer import TrainerConfig, check_devices
 from forge_nb.config.trl_names import TRLConfigWarning, from_trl
 
 __all__ = [
@@ -52,6 +53,7 @@ __all__ = [
     "SlurmConfig",
     "TRLConfigWarning",
     "TaskConfig",
+    "TrainerConfig",
     "WeightsConfig",
     "parse_overrides",
 ]
@@ -72,6 +74,7 @@ class Config:
     log: LogConfig = field(default_factory=LogConfig)
     agent: AgentConfig = field(default_factory=AgentConfig)
     lora: LoraConfig = field(default_factory=LoraConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
     seed: int = 0
 
     def validate(self) -> Config:
@@ -81,6 +84,7 @@ class Config:
             from forge_nb.lora.targets import check_targets
 
             check_targets(self.model.resolved_path(), self.lora)
+        check_devices(self)
         return self
 
     def engine_name(self) -> str:
@@ -141,6 +145,7 @@ _SECTIONS = (
     "log",
     "agent",
     "lora",
+    "trainer",
 )
 # A section given as a plain string sets its main field: model="smollm2-135m-instruct", engine="vllm", task="addition".
 _MAIN_FIELD = {"model": "path", "engine": "name", "task": "name"}

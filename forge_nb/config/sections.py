@@ -20,17 +20,12 @@ class ModelConfig:
     path: str = "bundled"  # a name in forge_nb.models.MODELS, or any HF causal-LM directory
     dtype: str = "float32"  # training and serving dtype
     device: str = "auto"  # where the trainer and reference models run: "cpu", "cuda", or "auto" (cuda if present)
+    # (each proc decides "auto" itself, seeing only the GPUs the placement plan gave it: mesh.placement)
 
     def resolved_path(self) -> Path:
         from forge_nb.models import resolve_model
 
         return resolve_model(self.path)
-
-    @property
-    def resolved_device(self) -> str:
-        import torch
-
-        return ("cuda" if torch.cuda.is_available() else "cpu") if self.device == "auto" else self.device
 
     def validate(self) -> None:
         from forge_nb.models import ModelError, check_model
@@ -80,6 +75,7 @@ class EngineConfig:
     kv_cache_mb: int = 512  # vLLM on CPU: KV cache size per generator
     gpu_memory_utilization: float = 0.5  # vLLM on GPU: share of device memory (the trainer may share the GPU)
     max_model_len: int = 0  # vLLM: longest prompt + completion in tokens (0: the model's own limit)
+    tensor_parallel_size: int = 1  # GPUs one generator replica spans (the placement plan counts them; 1 for now)
 
     def sampling(self, n: int, seed: int | None, temperature: float | None = None):
         """`SamplingParams` for `n` samples per prompt under this engine config (`temperature` 0: greedy)."""
@@ -106,6 +102,7 @@ class EngineConfig:
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ConfigError(f"engine.gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
         _at_least("engine.max_model_len", self.max_model_len, 0)
+        _at_least("engine.tensor_parallel_size", self.tensor_parallel_size, 1)
         _at_least("engine.temperature", self.temperature, 0.0)
         if not 0.0 < self.top_p <= 1.0:
             raise ConfigError(f"engine.top_p must be in (0, 1], got {self.top_p}")
@@ -119,8 +116,12 @@ class MeshConfig:
     kind: str = "local"  # "local" (this host), "slurm" (a Slurm job) or "hosts" (the workers at `hosts`)
     hosts: list[str] = field(default_factory=list)  # kind "hosts": tcp://HOST:PORT of each host's worker
     generator_procs: int = 1  # generator replicas: prompts are split over them; refreshes run in parallel
+    trainer_procs: int = 1  # > 1: the trainer is a gang of this many procs, FSDP2 over one process group
     reward_procs: int = 1
     threads_per_proc: int = 2  # torch intra-op threads in each actor proc (phases run one at a time)
+    gpus_per_host: int = -1  # GPUs the placement plan may give out on each host (-1: as many as this host has)
+    share_gpus: str = "auto"  # "no": a GPU per trainer proc and engine.tensor_parallel_size per replica, or a
+    # ConfigError; "yes": generator replicas on the trainer's GPUs; "auto": own GPUs when they fit, else shared
 
     def validate(self) -> None:
         _choice("mesh.kind", self.kind, ("local", "slurm", "hosts"))
@@ -130,7 +131,10 @@ class MeshConfig:
             raise ConfigError("mesh.kind='hosts' needs mesh.hosts: tcp://HOST:PORT of each host's forge_nb worker")
         _at_least("mesh.reward_procs", self.reward_procs, 1)
         _at_least("mesh.generator_procs", self.generator_procs, 1)
+        _at_least("mesh.trainer_procs", self.trainer_procs, 1)
         _at_least("mesh.threads_per_proc", self.threads_per_proc, 1)
+        _at_least("mesh.gpus_per_host", self.gpus_per_host, -1)
+        _choice("mesh.share_gpus", self.share_gpus, ("auto", "no", "yes"))
 
 
 @dataclass

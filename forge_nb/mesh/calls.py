@@ -44,3 +44,14 @@ def replica(mesh: Any, index: int, procs: int) -> Any:
     if kept is None or kept[0] is not mesh:  # a replaced role's new mesh may reuse a freed id
         kept = _replicas[id(mesh)] = (mesh, [mesh.slice(procs=i) for i in range(procs)])
     return kept[1][index]
+
+
+def leader(answers: Any) -> Any:
+    """Rank 0's answer of a call to every proc of a gang (a `ValueMesh`), or a single answer as it is."""
+    return answers.values()[0] if hasattr(answers, "values") and callable(answers.values) else answers
+
+
+def on_gang(actors: Any, endpoint: str, *args: Any) -> Any:
+    """Call `endpoint` on every proc of a gang's actor mesh (in a gang each call is a collective every
+    rank must enter) and wait -> rank 0's answer."""
+    return leader(wait(getattr(actors, endpoint).call(*args)))

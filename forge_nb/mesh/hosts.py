@@ -4,9 +4,9 @@ Each host runs a Monarch worker (``python -m forge_nb.mesh.worker tcp://ADDRESS:
 ssh, by a scheduler, or in a network namespace by `forge_nb.tools.netns_hosts`), and `mesh.hosts`
 lists their addresses. The kernel attaches to them (`monarch.actor.attach_to_workers`, as Monarch's
 own SSH and process jobs do) and spawns each role's procs there, exactly as `LocalMesh` does on this
-host. Placement: the trainer (and a reference model) on the first host; generator replicas one per
-host on the others, round robin; reward procs, judges and the live-code checker on the last host.
-With one host every role runs on it.
+host, on the hosts the placement plan gives (`mesh.placement`: the trainer and a reference model on
+the first host; generator replicas on the others, round robin; reward procs, judges and the live-code
+checker on the last host; with one host every role runs on it).
 
 The workers dial the kernel back, so the kernel must listen on TCP at an address they reach: the one
 its routing table picks towards the first host. Monarch fixes a process's transport at its first
@@ -23,8 +23,8 @@ from monarch.actor import attach_to_workers, enable_transport
 
 from forge_nb.mesh.calls import wait
 from forge_nb.mesh.local import LocalMesh
+from forge_nb.mesh.placement import Placement
 
-_SHARES_HOST = {"reference": "trainer", "judge": "reward", "live_check": "reward", "env": "reward"}
 ATTACH_TIMEOUT_S = 60.0
 
 
@@ -50,25 +50,13 @@ def route_source(host: str, port: int) -> str:
         return probe.getsockname()[0]
 
 
-def placement(roles: tuple[str, ...], hosts: int, generators: int) -> dict[str, list[int]]:
-    """Which host indices each role's procs go to (generators: one index per replica)."""
-    if hosts == 1:
-        return {role: [0] * (generators if role == "generator" else 1) for role in roles}
-    others = list(range(1, hosts))
-    return {
-        "trainer": [0],
-        "generator": [others[i % len(others)] for i in range(generators)],
-        "reward": [hosts - 1],
-    }
-
-
 class HostsMesh(LocalMesh):
     """`LocalMesh` whose roles start on the workers at `hosts` (tcp://HOST:PORT each)."""
 
     shares_cores = False  # other hosts: their workers keep their own environment
 
-    def __init__(self, hosts: list[str], generator_procs: int = 1) -> None:
-        super().__init__()
+    def __init__(self, hosts: list[str], placement: Placement) -> None:
+        super().__init__(placement)
         self.addresses = [parse_host(h) for h in hosts]
         if not self.addresses:
             raise HostsError("mesh.kind='hosts' needs mesh.hosts: the tcp://HOST:PORT of each host's worker")
@@ -82,7 +70,6 @@ class HostsMesh(LocalMesh):
                 "session before any local one."
             ) from None
         self._placed: dict[str, list[int]] = {}
-        self.where = placement(("trainer", "generator", "reward"), len(hosts), generator_procs)
         self.hosts = attach_to_workers(
             ca="trust_all_connections", workers=[f"tcp://{h}:{p}" for h, p in self.addresses]
         )
@@ -96,10 +83,12 @@ class HostsMesh(LocalMesh):
             ) from None
 
     def host_indices(self, role: str, procs: int) -> list[int]:
-        """The hosts `role`'s `procs` procs start on (one entry per proc)."""
-        base = _SHARES_HOST.get(role.split("-")[0], role.split("-")[0])
-        where = self.where.get(base, self.where["reward"])
-        return [where[i % len(where)] for i in range(procs)] if base == "generator" else where * procs
+        """The hosts `role`'s `procs` procs start on (one entry per proc, host-major: the plan's)."""
+        return self.placement.host_indices(role, procs)
+
+    def master_addr(self, role: str) -> str | None:
+        """Where `role`'s gang meets: the address of its first proc's host (which the other hosts reach)."""
+        return self.addresses[self.host_indices(role, 1)[0]][0]
 
     def placed(self) -> dict[str, list[str]]:
         """Each running role -> the hosts (HOST:PORT) of its procs, for `Session.status`."""
@@ -107,15 +96,15 @@ class HostsMesh(LocalMesh):
             role: [f"{h}:{p}" for h, p in (self.addresses[i] for i in where)] for role, where in self._placed.items()
         }
 
-    def spawn(self, role: str, actor_class: type, spec: Any, procs: int = 1) -> Any:
+    def spawn(self, role: str, actor_class: type, spec: Any, procs: int = 1, gang: bool = False) -> Any:
         """Start `procs` procs for `role` on its hosts -> the actor mesh, one dimension "procs"."""
         indices = self.host_indices(role, procs)
         first, count = indices[0], len(set(indices))
         if sorted(set(indices)) == list(range(first, first + count)) and procs % count == 0:
             host_mesh = self.hosts.slice(hosts=slice(first, first + count))
-        else:  # a layout hosts cannot slice to (more replicas than hosts, unevenly): all on the first
+        else:  # a layout hosts cannot slice to: all on the first (the plan never makes one)
             host_mesh, count = self.hosts.slice(hosts=slice(first, first + 1)), 1
-        proc_mesh = host_mesh.spawn_procs(per_host={"procs": procs // count}, name=role)
-        self.proc_meshes[role] = proc_mesh
+        per_host = {"procs": procs // count}
+        proc_mesh = host_mesh.spawn_procs(per_host=per_host, name=role, **self._bootstrap(role))
         self._placed[role] = [first + i for i in range(count) for _ in range(procs // count)]
-        return proc_mesh.spawn(role, actor_class, spec=spec).flatten("procs")
+        return self._start(role, proc_mesh, actor_class, spec, gang).flatten("procs")

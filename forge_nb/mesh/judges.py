@@ -27,6 +27,7 @@ from forge_nb.config import Config
 from forge_nb.mesh.calls import wait
 from forge_nb.mesh.checker import Checker, JudgeNeeded
 from forge_nb.mesh.local import LocalMesh
+from forge_nb.mesh.placement import Placement
 from forge_nb.rewards.batch import Scores
 from forge_nb.rewards.verdicts import JudgeStats
 
@@ -40,6 +41,7 @@ class JudgeHost(Protocol):
     rewards: Any  # the reward workers' actor mesh
     checker: Checker
     info: dict[str, list[ActorInfo]]
+    placement: Placement
     on_event: Callable[[str, str], None]
 
 
@@ -48,7 +50,8 @@ class JudgePool:
 
     def __init__(self, host: JudgeHost, config: Config) -> None:
         self.host = host
-        self.dtype, self.device = config.model.dtype, config.model.resolved_device
+        # The plan gives judges no GPU ("cpu" on a host that has some): `mesh.placement`.
+        self.dtype, self.device = config.model.dtype, host.placement.device(ROLE, config.model.device)
         self.threads = config.mesh.threads_per_proc
         self.actors: dict[str, Any] = {}  # model -> judge actor mesh
         self.infos: dict[str, list[ActorInfo]] = {}

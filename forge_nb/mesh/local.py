@@ -12,6 +12,8 @@ from monarch.actor import ProcMesh, default_bootstrap_cmd, this_host
 
 from forge_nb.mesh import quiet
 from forge_nb.mesh.calls import wait
+from forge_nb.mesh.gang import start_gang
+from forge_nb.mesh.placement import Placement
 from forge_nb.mesh.supervision import FAULTS
 
 #: OpenMP busy-wait iterations before an idle thread sleeps, in every proc of a local mesh. libgomp's default
@@ -34,25 +36,50 @@ STOP_TIMEOUT_S = 20.0  # a proc whose actor is wedged (a live function spinning)
 
 
 class LocalMesh:
-    """Spawns each role (generator, trainer, reward, ...) into its own procs on this host."""
+    """Spawns each role (generator, trainer, reward, ...) into its own procs on this host, each proc
+    with the environment the placement plan gives it (its GPUs: `mesh.placement`)."""
 
     shares_cores = True  # every proc on this host's cores (and the kernel's): `proc_env` applies
 
-    def __init__(self) -> None:
+    def __init__(self, placement: Placement | None = None) -> None:
         quiet.route_native_output()  # before Monarch's first line and the first proc (which inherits it)
         self.proc_meshes: dict[str, ProcMesh] = {}
+        self.placement = placement
+        self.gangs: set[str] = set()  # roles spawned as a torch.distributed gang (respawned as one)
 
     def host(self, role: str) -> Any:
         """The host mesh `role`'s procs start on: this host."""
         return this_host()
 
-    def spawn(self, role: str, actor_class: type, spec: Any, procs: int = 1) -> Any:
-        """Start `procs` processes for `role` and one `actor_class(spec=spec)` in each -> the actor mesh."""
-        env = proc_env() if self.shares_cores else {}
-        command = {"bootstrap_command": default_bootstrap_cmd().with_env(env)} if env else {}
-        proc_mesh = self.host(role).spawn_procs(per_host={"procs": procs}, name=role, **command)
+    def spawn(self, role: str, actor_class: type, spec: Any, procs: int = 1, gang: bool = False) -> Any:
+        """Start `procs` processes for `role` and one `actor_class(spec=spec)` in each -> the actor mesh.
+        `gang`: the procs form one torch.distributed group (`mesh.gang`) before the actors start."""
+        proc_mesh = self.host(role).spawn_procs(per_host={"procs": procs}, name=role, **self._bootstrap(role))
+        return self._start(role, proc_mesh, actor_class, spec, gang)
+
+    def _start(self, role: str, proc_mesh: ProcMesh, actor_class: type, spec: Any, gang: bool) -> Any:
         self.proc_meshes[role] = proc_mesh
+        if gang or role in self.gangs:
+            self.gangs.add(role)
+            start_gang(proc_mesh, self.master_addr(role))
         return proc_mesh.spawn(role, actor_class, spec=spec)
+
+    def _bootstrap(self, role: str) -> dict[str, Any]:
+        """spawn_procs' bootstrap command: each proc's environment (`proc_env` on shared cores, and the
+        placement's ``CUDA_VISIBLE_DEVICES`` / ``LOCAL_RANK`` of that proc)."""
+        env = proc_env() if self.shares_cores else {}
+        placement = self.placement
+        if placement is None:
+            return {"bootstrap_command": default_bootstrap_cmd().with_env(env)} if env else {}
+        return {
+            "bootstrap_command": lambda point: default_bootstrap_cmd().with_env(
+                {**env, **placement.env(role, point.rank)}
+            )
+        }
+
+    def master_addr(self, role: str) -> str | None:
+        """Where `role`'s gang meets (its first proc's host): this host's loopback."""
+        return "127.0.0.1"
 
     def replace(self, role: str, actor_class: type, spec: Any, pids: list[int], procs: int = 1) -> Any:
         """Stop `role`'s procs (even with an actor stuck in a call: Monarch's cleanup deadline, then

@@ -9,6 +9,8 @@ reward procs and the checker (`mesh.judges.JudgePool.respawn`; a batch whose jud
 scored again, `Roles.score`). Work is deterministic given its seed, so the call issued again makes
 the same samples. The trainer holds state no other proc has: it is restored from
 the last checkpoint when `checkpoint.on_trainer_failure` is "restore", else its death is `TrainerLost`.
+A trainer gang (`mesh.trainer_procs` > 1) is one role: one rank that dies, or hangs until its peers'
+collectives time out (`GangError`, after `trainer.collective_timeout_s`), restarts all of them.
 
 `Supervised` is a part of `mesh.roles.Roles` (it uses the role meshes, specs and versions Roles keeps).
 """
@@ -27,11 +29,12 @@ from forge_nb.actors.generator import Generator
 from forge_nb.actors.reference import Reference
 from forge_nb.actors.trainer import Trainer
 from forge_nb.mesh import supervision
-from forge_nb.mesh.calls import wait
+from forge_nb.mesh.calls import on_gang, wait
 from forge_nb.mesh.checker import ROLE as CHECKER
 from forge_nb.mesh.envs import ROLE as ENV
 from forge_nb.mesh.judges import ROLE as JUDGE
 from forge_nb.mesh.supervision import SupervisionError
+from forge_nb.parallel.gang import GangError
 from forge_nb.weights.refresh import RefreshError
 
 
@@ -48,7 +51,9 @@ class Supervised:
         started = time.time()
         try:
             return call()
-        except SupervisionError as e:
+        except (SupervisionError, ActorError) as e:
+            if isinstance(e, ActorError) and not isinstance(e.exception, GangError):
+                raise
             with self._recovering:
                 if self._respawned_at.get(role, 0.0) < started:  # else another thread has just respawned it
                     self.respawn(role, cause_of(e))
@@ -83,7 +88,7 @@ class Supervised:
             self.envs.start()
             return self.on_event(role, f"procs {old} died ({cause}); respawned as {self.pids[role]}")
         if role == "reference":
-            self.reference = self.mesh.replace(role, Reference, self._reference_spec, old)
+            self.reference = self.mesh.replace(role, Reference, self._reference_spec, old, self.trainer_procs)
             self.info[role] = list(wait(self.reference.ready.call()).values())
         elif role == "generator":
             self._respawn_generator(old)
@@ -102,9 +107,9 @@ class Supervised:
         old, lost = self.local_pids("trainer"), self.versions.trained
         self._respawned_at["trainer"] = time.time()
         spec = dataclasses.replace(self._trainer_spec, resume_from=str(Path(checkpoint) / "trainer"))
-        self.trainer = self.mesh.replace("trainer", Trainer, spec, old)
+        self.trainer = self.mesh.replace("trainer", Trainer, spec, old, self.trainer_procs)
         self.info["trainer"] = list(wait(self.trainer.ready.call()).values())
-        self.versions.trained = wait(self.trainer.checksum.call_one())[0]
+        self.versions.trained = on_gang(self.trainer, "checksum")[0]
         self._attach_generators(self.transport)
         self._refresh(self.versions.trained)
         self.on_event(

@@ -30,12 +30,13 @@ from forge_nb.live.capture import LiveCode
 from forge_nb.live.registry import Member
 from forge_nb.live.validate import LossProbe
 from forge_nb.mesh import supervision
-from forge_nb.mesh.calls import replica, shards, wait
+from forge_nb.mesh.calls import leader, on_gang, replica, shards, wait
 from forge_nb.mesh.checker import ROLE as CHECKER
 from forge_nb.mesh.checker import Checker
 from forge_nb.mesh.envs import EnvPool
 from forge_nb.mesh.judges import JudgePool
 from forge_nb.mesh.local import LocalMesh
+from forge_nb.mesh.placement import Placement, hosts_for, plan
 from forge_nb.mesh.recovery import Supervised, cause_of
 from forge_nb.mesh.slurm import SlurmMesh
 from forge_nb.mesh.supervision import SupervisionError
@@ -86,8 +87,9 @@ class Roles(Supervised):
         spawn every role on it; returns before the actors' constructors finish (`wait_ready`).
         `versions` is the session's record of policy versions: these roles keep it current."""
         self.on_event, self.versions = on_event or (lambda role, what: None), versions
+        self.placement = plan(config, hosts_for(config))  # before anything starts: a ConfigError if it cannot fit
         supervision.install()  # failures reach the session, not the kernel's main thread
-        self.mesh = mesh = _start_mesh(config)
+        self.mesh = mesh = _start_mesh(config, self.placement)
         try:  # every role's actors on the mesh, from one spec each
             m, self.kind = config.mesh, config.mesh.kind
             self.reward_timeout_s, self.threads = config.live.timeout_s, m.threads_per_proc
@@ -99,7 +101,9 @@ class Roles(Supervised):
             self._recovering = threading.RLock()  # heal and respawn, one thread at a time (`mesh.recovery`)
             self.restore_from: Callable[[], Path | None] | None = None  # the last checkpoint, to restore a trainer
             self._generator_spec = GeneratorSpec.from_config(config, engine)
-            self._trainer_spec = TrainerSpec.from_config(config, pad_id, loss)
+            device = self.placement.device("trainer", config.model.device)
+            self._trainer_spec = dataclasses.replace(TrainerSpec.from_config(config, pad_id, loss), device=device)
+            self.trainer_procs, gang = m.trainer_procs, config.trainer.sharded(m.trainer_procs)
             reward_version = 0
             if start is not None:
                 # With LoRA the checkpoint holds adapters: the generator serves the base with the saved one.
@@ -110,16 +114,16 @@ class Roles(Supervised):
                 )
                 reward_version = start.reward_version
             self.generator = mesh.spawn("generator", Generator, self._generator_spec, procs=m.generator_procs)
-            self.trainer = mesh.spawn("trainer", Trainer, self._trainer_spec)
+            self.trainer = mesh.spawn("trainer", Trainer, self._trainer_spec, procs=self.trainer_procs, gang=gang)
             self._reward_set = (rewards, reward_version)  # the live set, for replacement procs
             reward_spec = RewardSpec(rewards, reward_version, config.live.timeout_s, m.threads_per_proc)
             self.rewards = mesh.spawn("reward", RewardWorker, reward_spec, procs=m.reward_procs)
             self.reference = None
-            self._reference_spec = ReferenceSpec.from_config(config, pad_id)
+            self._reference_spec = dataclasses.replace(ReferenceSpec.from_config(config, pad_id), device=device)
             # With LoRA the trainer answers for the reference: its base with the adapter off, no second copy.
             self.reference_on_trainer = config.algorithm.kl_coef > 0 and config.lora.enabled
             if config.algorithm.kl_coef > 0 and not self.reference_on_trainer:
-                self.reference = mesh.spawn("reference", Reference, self._reference_spec)
+                self.reference = mesh.spawn("reference", Reference, self._reference_spec, self.trainer_procs, gang)
             self.checker = Checker(mesh, 1, self._checker_replaced)
             self.judges = JudgePool(self, config)  # judge actors, started when a reward first asks one
             self.envs = EnvPool(self, EnvSpec.from_config(config), m.reward_procs, config.agent.batch_timeout_s)
@@ -153,9 +157,18 @@ class Roles(Supervised):
             "slurm_job": job,
             **({"hosts": self.mesh.placed()} if self.kind == "hosts" else {}),
             "procs": self.pids,
+            "placement": self.placement_rows(),
             "engine": self.engine,
             "weights_transport": self.weights_transport,
         }
+
+    def placement_rows(self) -> list[dict[str, Any]]:
+        """The plan, one row per proc (role, proc, host, devices), with each running proc's pid."""
+        rows = []
+        for row in self.placement.rows():
+            infos = self.info.get(row["role"], [])
+            rows.append({**row, "pid": infos[row["proc"]].pid if row["proc"] < len(infos) else None})
+        return rows
 
     def wait_ready(self) -> dict[str, list[ActorInfo]]:
         """Wait until every actor's constructor has finished (or raise its error) -> who answered."""
@@ -190,9 +203,10 @@ class Roles(Supervised):
     def _attach_generators(self, transport: str) -> str:
         """Every generator maps the trainer's snapshot (its manifest), then the /dev/shm names are
         dropped, so nothing can leak after (a later reader takes RDMA) -> the transport(s) chosen."""
-        manifest = _with_stream_options(wait(self.trainer.weights_manifest.call_one()), self._weights)
+        trainer = replica(self.trainer, 0, self.trainer_procs)  # rank 0 publishes the gang's whole weights
+        manifest = _with_stream_options(wait(trainer.weights_manifest.call_one()), self._weights)
         chosen = set(wait(self.generator.attach.call(manifest, transport)).values())
-        wait(self.trainer.unlink_shared_memory.call_one())
+        wait(trainer.unlink_shared_memory.call_one())
         return "+".join(sorted(chosen))
 
     def generate(self, prompts: list[str], sampling: SamplingParams) -> Generation:
@@ -240,10 +254,10 @@ class Roles(Supervised):
         """Ask the reference model for the episodes' logprobs; wait on the future (None: no reference)."""
         if not self.has_reference or not episodes:
             return None
+        ids = [e.prompt_ids for e in episodes], [e.completion_ids for e in episodes]
         if self.reference_on_trainer:
-            ids = [e.prompt_ids for e in episodes], [e.completion_ids for e in episodes]
-            return self.trainer.reference_logprobs.call_one(*ids)
-        return self.reference.logprobs.call_one([e.prompt_ids for e in episodes], [e.completion_ids for e in episodes])
+            return self.trainer.reference_logprobs.call(*ids)
+        return self.reference.logprobs.call(*ids)  # every proc: a sharded reference runs its part of each
 
     def attach_reference(self, episodes: list[Episode], reference: Future | None) -> float:
         """Wait for `reference_logprobs` and store them on the episodes -> seconds waited (asked
@@ -252,10 +266,10 @@ class Roles(Supervised):
             return 0.0
         start = time.perf_counter()
         try:
-            logprobs = wait(reference)
+            logprobs = leader(wait(reference))
         except SupervisionError as e:
             self.respawn("trainer" if self.reference_on_trainer else "reference", cause_of(e))
-            logprobs = wait(self.reference_logprobs(episodes))
+            logprobs = leader(wait(self.reference_logprobs(episodes)))
         for e, row in zip(episodes, logprobs):
             e.ref_logprobs = row
         return time.perf_counter() - start
@@ -268,7 +282,7 @@ class Roles(Supervised):
             missing = [e for e in episodes if e.ref_logprobs is None]
             self.attach_reference(missing, self.reference_logprobs(missing))
         batch = TrainBatch.of(episodes, self.has_reference, keep_logprobs)
-        result = self._supervised("trainer", lambda: wait(self.trainer.train_step.call_one(batch)))
+        result = self._supervised("trainer", lambda: on_gang(self.trainer, "train_step", batch))
         self.versions.trained = result.policy_version
         return result
 
@@ -284,7 +298,7 @@ class Roles(Supervised):
     def save_weights(self, folder: Path, generator_too: bool) -> None:
         """The trainer's state into folder/trainer; the served weights into folder/generator when they
         are not the trainer's (the torch engine only)."""
-        wait(self.trainer.save_state.call_one(str(folder / "trainer")))
+        on_gang(self.trainer, "save_state", str(folder / "trainer"))
         if generator_too:
             wait(self.generator.slice(procs=0).save_weights.call_one(str(folder / "generator")))
 
@@ -312,30 +326,30 @@ class Roles(Supervised):
         return self.judges.serve(lambda: self.checker.score(members, samples, timeout))
 
     def set_loss(self, code: LiveCode, version: int) -> None:
-        wait(self.trainer.set_loss.call_one(code, version))
+        on_gang(self.trainer, "set_loss", code, version)
 
     def save(self, path: str) -> int:
-        return wait(self.trainer.save.call_one(path))
+        return on_gang(self.trainer, "save", path)
 
     def unlink_shared_memory(self) -> None:
-        wait(self.trainer.unlink_shared_memory.call_one())
+        on_gang(self.trainer, "unlink_shared_memory")
 
     def checksums(self) -> dict[str, Any]:
         """(version, weights checksum) of the trainer, generator replica 0 and every replica."""
         return {
-            "trainer": wait(self.trainer.checksum.call_one()),
+            "trainer": on_gang(self.trainer, "checksum"),
             "generator": wait(self.generator.slice(procs=0).checksum.call_one()),
             "generator_replicas": list(wait(self.generator.checksum.call()).values()),
         }
 
 
-def _start_mesh(config: Config) -> LocalMesh:
-    """This host's procs, a Slurm job's nodes, or the workers at `mesh.hosts`."""
+def _start_mesh(config: Config, placement: Placement) -> LocalMesh:
+    """This host's procs, a Slurm job's nodes, or the workers at `mesh.hosts`, placed by `placement`."""
     if config.mesh.kind == "hosts":
         from forge_nb.mesh.hosts import HostsMesh
 
-        return HostsMesh(config.mesh.hosts, config.mesh.generator_procs)
-    return LocalMesh() if config.mesh.kind == "local" else SlurmMesh(config.slurm)
+        return HostsMesh(config.mesh.hosts, placement)
+    return LocalMesh(placement) if config.mesh.kind == "local" else SlurmMesh(config.slurm, placement)
 
 
 def _with_stream_options(manifest: WeightManifest, weights: WeightsConfig) -> WeightManifest:

@@ -28,6 +28,7 @@ from monarch.job import SERVICE_PROC_IDS_ENV, SlurmJob, deserialize_service_proc
 
 from forge_nb.config import SlurmConfig
 from forge_nb.mesh.local import LocalMesh
+from forge_nb.mesh.placement import Placement
 
 ROLES = ("generator", "trainer", "reward")
 _SHARES_NODE = {"reference": "trainer", "judge": "reward", "live_check": "reward"}  # role -> whose node it runs on
@@ -134,8 +135,8 @@ class SlurmMesh(LocalMesh):
 
     shares_cores = False  # other hosts: their workers keep their own environment
 
-    def __init__(self, cfg: SlurmConfig) -> None:
-        super().__init__()
+    def __init__(self, cfg: SlurmConfig, placement: Placement | None = None) -> None:
+        super().__init__(placement)
         self.cfg = cfg
         missing = [tool for tool in ("sbatch", "squeue", "scancel", "scontrol") if shutil.which(tool) is None]
         if missing:
@@ -211,6 +212,10 @@ class SlurmMesh(LocalMesh):
         if not self.cfg.separate_hosts:
             return self.hosts.node
         return getattr(self.hosts, _SHARES_NODE.get(role.split("-")[0], role))
+
+    def master_addr(self, role: str) -> str | None:
+        """Where `role`'s gang meets: the name of its first proc's node, as that proc reports it."""
+        return None
 
     def stop(self) -> list[str]:
         """Stop every proc mesh, then cancel the job (unless `keep_job`) -> errors, if any."""

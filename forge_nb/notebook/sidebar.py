@@ -27,7 +27,9 @@ kernel -> frontend
 SESSION, from ``Session.status()`` (and the metrics stream for tokens/s)::
 
     "mesh": "local" | "slurm", "slurm_job": str | null, "engine": "vllm" | "torch"
-    "actors": [{"role": str, "pids": [int], "health": HEALTH}]    one entry per role
+    "actors": [{"role": str, "pids": [int], "health": HEALTH, "devices": [[int]], "hosts": [str]}]
+                                      one entry per role; devices and hosts: the placement plan's,
+                                      one entry per proc (devices [] on the CPU)
     "steps": int                      trained batches
     "samples": int                    samples added to the replay buffer
     "policy": {"trainer": int, "generator": int, "staleness": int}
@@ -117,7 +119,7 @@ def snapshot(
         "slurm_job": status.get("slurm_job"),
         "engine": status.get("engine"),
         "actors": [
-            {"role": role, "pids": list(pids), "health": health(pids, local, alive)}
+            {"role": role, "pids": list(pids), "health": health(pids, local, alive), **placed(status, role, len(pids))}
             for role, pids in status.get("procs", {}).items()
         ],
         "steps": status.get("steps", 0),
@@ -134,6 +136,15 @@ def snapshot(
         else {"state": run["state"], "steps_done": run["steps_done"], "error": first_line(run.get("error"))},
         "tokens_per_s": {"last": points[-1] if points else None, "history": points},
     }
+
+
+def placed(status: dict[str, Any], role: str, procs: int) -> dict[str, list]:
+    """{"devices": GPUs of each of `role`'s procs, "hosts": their hosts} from the status's placement rows
+    (a role the plan does not list, such as a judge: the CPU, host unknown)."""
+    rows = [r for r in status.get("placement", []) if r["role"] == role]
+    if len(rows) != procs:
+        return {"devices": [[] for _ in range(procs)], "hosts": ["" for _ in range(procs)]}
+    return {"devices": [list(r["devices"]) for r in rows], "hosts": [r["host"] for r in rows]}
 
 
 def action_message(action: str, result: Any) -> str:

@@ -24,11 +24,12 @@ class TokenBatch:
     old_logprobs: torch.Tensor  # [B, L-1] float, behaviour-policy logprobs (0 outside the mask)
     advantages: torch.Tensor  # [B] float, one per sequence
     ref_logprobs: torch.Tensor | None = None  # [B, L-1] float, reference-model logprobs (when a reference runs)
+    policy_mask: torch.Tensor | None = None  # [B, L-1] float, multi-turn: 1 on the policy's own tokens
 
     @property
     def loss_mask(self) -> torch.Tensor:
-        """[B, L-1]: the tokens the loss sees (every generated one: this batch has no multi-turn mask)."""
-        return self.completion_mask
+        """[B, L-1]: the tokens the loss and its statistics see (the model attends to every real token)."""
+        return self.completion_mask if self.policy_mask is None else self.completion_mask * self.policy_mask
 
     def select(self, rows: torch.Tensor) -> TokenBatch:
         """The sequences at `rows` ([K] long), same width."""
@@ -77,9 +78,11 @@ class TrainBatch:
     def __len__(self) -> int:
         return len(self.prompt_ids)
 
-    def collate(self, pad_id: int) -> PrefixBatch:
-        """Tensors for the trainer, each distinct prompt once (`rl.prefix_batch`)."""
-        return collate_prefix(
+    def collate(self, pad_id: int, full_sequences: bool = False) -> PrefixBatch | TokenBatch:
+        """Tensors for the trainer: each distinct prompt once (`rl.prefix_batch`), or with
+        `full_sequences` every prompt + completion whole (what activation checkpointing needs: the
+        prefix layout's completion pass extends a key/value cache that a recomputation would extend twice)."""
+        return (collate if full_sequences else collate_prefix)(
             self.prompt_ids,
             self.completion_ids,
             pad_id,
@@ -97,9 +100,10 @@ def collate(
     old_logprobs: list[list[float]] | None = None,
     advantages: list[float] | None = None,
     ref_logprobs: list[list[float]] | None = None,
+    policy_masks: list[list[int]] | None = None,
 ) -> TokenBatch:
     """Right-pad prompt+completion pairs into one `TokenBatch` (missing logprobs/advantages are 0;
-    `ref_logprobs` stays None unless given)."""
+    `ref_logprobs` and `policy_masks` stay None unless given)."""
     prompt_len = torch.tensor([len(p) for p in prompt_ids])
     total = prompt_len + torch.tensor([len(c) for c in completion_ids])
     batch, width = len(prompt_ids), int(total.max())
@@ -115,8 +119,9 @@ def collate(
     completion_mask = completion.float()
     old = _scatter(completion, old_logprobs, completion_ids)
     ref = _scatter(completion, ref_logprobs, completion_ids) if ref_logprobs is not None else None
+    policy = _scatter(completion, policy_masks, completion_ids) if policy_masks is not None else None
     adv = torch.tensor(advantages if advantages is not None else [0.0] * batch, dtype=torch.float32)
-    return TokenBatch(input_ids, attention_mask, completion_mask, old, adv, ref)
+    return TokenBatch(input_ids, attention_mask, completion_mask, old, adv, ref, policy)
 
 
 def _scatter(where: torch.Tensor, values: list[list[float]] | None, completion_ids: list[list[int]]) -> torch.Tensor:
@@ -133,6 +138,6 @@ def token_logprobs(model: nn.Module, batch: TokenBatch, temperature: float = 1.0
     logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits[:, :-1]
     if temperature > 0:
         logits = logits / temperature
-    logp = torch.log_softmax(logits.float(), -1)
+    logp = torch.log_softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), -1)  # bf16: in fp32
     picked = logp.gather(-1, batch.input_ids[:, 1:, None])[..., 0]
     return picked * batch.completion_mask

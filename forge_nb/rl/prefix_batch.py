@@ -132,7 +132,7 @@ def prefix_logprobs(model: nn.Module, batch: PrefixBatch, temperature: float = 1
         logits = torch.cat([logits, rest.logits], dim=1)  # [B, Lc, V]: position t predicts completion token t
     if temperature > 0:
         logits = logits / temperature
-    logp = torch.log_softmax(logits.float(), -1)
+    logp = torch.log_softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), -1)  # bf16: in fp32
     return logp.gather(-1, batch.completion_ids[..., None])[..., 0] * batch.completion_mask
 
 

@@ -16,6 +16,7 @@ from torch import nn
 from forge_nb.rl.batch import TokenBatch
 from forge_nb.rl.losses import kl_k3, masked_mean
 from forge_nb.rl.prefix_batch import PrefixBatch
+from forge_nb.rl.split import ONE_RANK, Plan, Split, plan
 
 
 class NonFiniteGradient(FloatingPointError):
@@ -52,10 +53,21 @@ def policy_update(
     max_grad_norm: float = 1.0,
     check_loss: Callable[[torch.Tensor], torch.Tensor] = lambda loss: loss,
     skip_zero_advantage: bool = False,
+    split: Split = ONE_RANK,
 ) -> tuple[dict[str, float], torch.Tensor]:
     """Forward, loss, backward, clip, step -> (metrics: loss, grad_norm, ratio stats, tokens; the policy's
     logprobs of the batch's tokens before the step [B, T], detached: for rows left out, their behaviour
     logprobs).
+
+    The loss always sees the whole batch: `loss_fn` runs once, on the logprobs of every row, with the
+    whole batch's normaliser, whatever `split` says. Split over ranks and micro-batches (`rl.split`),
+    each rank runs its rows through the model and the ranks sum those logprobs (`split.sum_across`);
+    then with one micro-batch per rank, the loss's backward reaches each rank's own rows and stops at
+    the others' (summed over ranks, that is the whole batch's gradient: a gang sums its gradients,
+    `parallel.fsdp`); with several, the logprobs come from a first pass without a graph, the loss's
+    gradient with respect to them, G [B, T], is taken once, and each micro-batch is run again and
+    back-propagated with its rows of G (the same gradient by the chain rule, one extra forward,
+    activations of one micro-batch at a time).
 
     `check_loss(loss)` runs before backward (it raises to refuse the value). A non-finite gradient
     raises `NonFiniteGradient` before the optimizer steps, so the weights are never touched.
@@ -69,13 +81,16 @@ def policy_update(
     model.train()
     if skip_zero_advantage and not bool((batch.advantages != 0).any()):
         return _zero_gradient_step(model, optimizer, batch), batch.old_logprobs
-    logprobs, ran = _logprobs(model, batch, temperature, skip_zero_advantage)  # [B, T], [B] bool
+    ran = batch.advantages != 0 if skip_zero_advantage else torch.ones_like(batch.advantages, dtype=torch.bool)
+    work = plan(batch, ran, split)
     mask = batch.loss_mask  # the policy's own tokens (multi-turn: not tool results or environment messages)
     extra = {"ref_logprobs": batch.ref_logprobs} if batch.ref_logprobs is not None and takes_ref(loss_fn) else {}
-    loss = check_loss(loss_fn(logprobs, batch.old_logprobs, batch.advantages, mask, **extra))
     optimizer.zero_grad(set_to_none=True)
-    loss.backward()
-    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+    if work.count == 1:
+        loss, logprobs = _one_pass(model, batch, work, ran, split, temperature, loss_fn, extra, check_loss)
+    else:
+        loss, logprobs = _two_passes(model, batch, work, ran, split, temperature, loss_fn, extra, check_loss)
+    grad_norm = clip_gradients(model, max_grad_norm, split)
     if not torch.isfinite(grad_norm):
         optimizer.zero_grad(set_to_none=True)
         raise NonFiniteGradient(f"backward produced a non-finite gradient norm ({grad_norm.item()})")
@@ -95,7 +110,104 @@ def policy_update(
             "max_abs_logprob_diff": log_ratio.abs().max().item(),
             "tokens": int(batch.loss_mask.sum().item()),
             "rows_skipped": int((~ran).sum().item()),
-        }, logprobs.detach()
+            "micro_batches": work.count,
+        }, logprobs
+
+
+def _one_pass(model, batch, work, ran, split, temperature, loss_fn, extra, check_loss):
+    """One micro-batch on this rank: its logprobs keep their graph; the other ranks' rows join as
+    constants -> (loss, the whole batch's logprobs [B, T] detached), backward done."""
+    rows = work.micro_batches[0] if work.micro_batches else None
+    mine = _run(model, batch, rows, temperature)
+    values = torch.zeros_like(batch.old_logprobs)
+    if rows is not None:
+        values[rows] = mine.detach().to(values.dtype)
+    full = _gathered(values, batch, ran, split)
+    if rows is not None:
+        logprobs = full.index_put((rows,), mine.to(full.dtype))
+    else:  # a filler: the loss must still be a loss of logprobs (its checks refuse a constant), on every rank
+        logprobs = full.clone().requires_grad_(True)
+    loss = check_loss(loss_fn(logprobs, batch.old_logprobs, batch.advantages, batch.loss_mask, **extra))
+    (loss if rows is not None else loss + (mine * 0).sum()).backward()
+    return loss.detach(), full
+
+
+def _two_passes(model, batch, work, ran, split, temperature, loss_fn, extra, check_loss):
+    """Several micro-batches: logprobs without a graph, the loss's gradient G with respect to them, then
+    each micro-batch again, back-propagated with its rows of G -> (loss, logprobs [B, T] detached)."""
+    with torch.no_grad():
+        full = _gathered(_pass(model, batch, work, temperature), batch, ran, split)
+    leaf = full.clone().requires_grad_(True)
+    loss = check_loss(loss_fn(leaf, batch.old_logprobs, batch.advantages, batch.loss_mask, **extra))
+    (grad,) = torch.autograd.grad(loss, leaf)
+    for i in range(work.count):
+        rows = work.micro_batches[i] if i < len(work.micro_batches) else None
+        lp = _run(model, batch, rows, temperature)
+        (lp * (grad[rows] if rows is not None else 0.0)).sum().backward()
+    return loss.detach(), full
+
+
+@torch.no_grad()
+def forward_logprobs(
+    model: nn.Module, batch: PrefixBatch | TokenBatch, split: Split = ONE_RANK, temperature: float = 1.0
+) -> torch.Tensor:
+    """Logprobs of every row of `batch` [B, T] without a graph, each rank running its part in
+    micro-batches (`split`) and the parts summed over the ranks."""
+    ran = torch.ones_like(batch.advantages, dtype=torch.bool)
+    values = _pass(model, batch, plan(batch, ran, split), temperature)
+    split.sum_across(values)
+    return values
+
+
+def _pass(model: nn.Module, batch: PrefixBatch | TokenBatch, work: Plan, temperature: float) -> torch.Tensor:
+    """This rank's micro-batches (and fillers) through the model -> [B, T], 0 on the other ranks' rows."""
+    values = torch.zeros_like(batch.old_logprobs)
+    for i in range(work.count):
+        rows = work.micro_batches[i] if i < len(work.micro_batches) else None
+        lp = _run(model, batch, rows, temperature)
+        if rows is not None:
+            values[rows] = lp.to(values.dtype)
+    return values
+
+
+def _run(model: nn.Module, batch: PrefixBatch | TokenBatch, rows: torch.Tensor | None, temperature: float):
+    """Logprobs of `rows` ([K] long) -> [K, T]; `rows` None: a zero-gradient filler (the first row) that
+    makes the same model calls, for a rank with fewer micro-batches than the busiest."""
+    if rows is not None and len(rows) == len(batch.advantages):  # every row, in order: no copy
+        return batch.logprobs(model, temperature)
+    picked = batch.select(rows if rows is not None else torch.zeros(1, dtype=torch.long))
+    return picked.logprobs(model, temperature)
+
+
+def _gathered(values: torch.Tensor, batch, ran: torch.Tensor, split: Split) -> torch.Tensor:
+    """Every rank's rows of logprobs summed into one [B, T] (each row is 0 on all ranks but its own);
+    rows that did not run keep their behaviour logprobs."""
+    split.sum_across(values)
+    return torch.where(ran[:, None], values, batch.old_logprobs)
+
+
+def clip_gradients(model: nn.Module, max_norm: float, split: Split = ONE_RANK) -> torch.Tensor:
+    """Scale the gradients so that their global L2 norm is at most `max_norm` -> that norm before
+    scaling (float64). The squares are summed in float64, over this rank's shards and then over the
+    ranks (`split.sum_across`), so the norm, and the scale, do not depend on how the model is sharded:
+    a gang's step equals one proc's bit for bit where its gradients do (AdamW divides each gradient by
+    its own size, so a scale that differed in its last bit moved near-zero coordinates by up to lr)."""
+    grads = [_local(p.grad) for p in model.parameters() if p.grad is not None]
+    if not grads:
+        return torch.zeros((), dtype=torch.float64)
+    squares = torch.stack([torch.sum(g * g, dtype=torch.float64) for g in grads]).sum()
+    split.sum_across(squares)
+    norm = squares.sqrt()
+    scale = (max_norm / (norm + 1e-6)).clamp(max=1.0)
+    if scale < 1.0:
+        for g in grads:
+            g.mul_(scale.to(g.dtype))
+    return norm
+
+
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    """A sharded tensor's own part on this rank (a view: writes reach the shard); a tensor as it is."""
+    return tensor.to_local() if hasattr(tensor, "to_local") else tensor
 
 
 def _zero_gradient_step(model: nn.Module, optimizer: torch.optim.Optimizer, batch) -> dict[str, float]:
@@ -109,17 +221,4 @@ def _zero_gradient_step(model: nn.Module, optimizer: torch.optim.Optimizer, batc
     rows = int(batch.advantages.numel())
     tokens = int(batch.loss_mask.sum().item())
     stats = {"loss": 0.0, "grad_norm": 0.0, "approx_kl": 0.0, "max_abs_logprob_diff": 0.0}
-    return {**stats, "tokens": tokens, "rows_skipped": rows}
-
-
-def _logprobs(
-    model: nn.Module, batch: PrefixBatch | TokenBatch, temperature: float, skip_zero_advantage: bool
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """-> (logprobs [B, T], which rows ran through the model [B] bool). Rows left out get their
-    behaviour logprobs as constants: ratio 1, and no path to the weights."""
-    ran = batch.advantages != 0 if skip_zero_advantage else torch.ones_like(batch.advantages, dtype=torch.bool)
-    if bool(ran.all()):
-        return batch.logprobs(model, temperature), torch.ones_like(ran)
-    rows = ran.nonzero()[:, 0]
-    picked = batch.select(rows).logprobs(model, temperature)
-    return batch.old_logprobs.index_put((rows,), picked), ran
+    return {**stats, "tokens": tokens, "rows_skipped": rows, "micro_batches": 0}

@@ -96,6 +96,37 @@ def greedy_accuracy(engine: TorchEngine, task: Addition, max_tokens: int = 8) ->
     return sum(task.verify(c[0].text, p.target) for c, p in zip(out, problems)) / len(problems)
 
 
+def random_model(out_dir: str | Path, width: int, layers: int, vocab: int = 0, seed: int = 0) -> Path:
+    """The bundled model's architecture scaled up, randomly initialised: `width` hidden (heads of 64),
+    3 x `width` MLP, `layers` layers, a vocabulary of `vocab` (0: the bundled tokenizer's 16), the
+    bundled tokenizer beside it -> the HF directory. For benchmarks and the GPU check, where a model of
+    0.5B-1B parameters makes numbers mean something (1536 x 16 with vocab 32000: 0.59B parameters)."""
+    from transformers import AutoTokenizer
+
+    from forge_nb.models import BUNDLED_MODEL
+
+    base = LlamaConfig.from_pretrained(str(BUNDLED_MODEL)).to_dict()
+    heads = max(1, width // 64)
+    config = LlamaConfig(
+        **{
+            **base,
+            "hidden_size": width,
+            "intermediate_size": 3 * width,
+            "num_hidden_layers": layers,
+            "num_attention_heads": heads,
+            "num_key_value_heads": heads,
+            "head_dim": width // heads,
+            "vocab_size": vocab or base["vocab_size"],
+            "max_position_embeddings": max(base["max_position_embeddings"], 2048),
+        }
+    )
+    torch.manual_seed(seed)
+    out = Path(out_dir)
+    LlamaForCausalLM(config).save_pretrained(out)
+    AutoTokenizer.from_pretrained(str(BUNDLED_MODEL)).save_pretrained(out)
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("out_dir")

@@ -33,7 +33,10 @@ class WeightPublisher:
         dtype: torch.dtype | None = None,
         chunk_mb: int = 16,
         use_shm: bool = True,
+        values: Iterable[tuple[str, torch.Tensor]] | None = None,
     ) -> None:
+        """Buffers laid out for `named_tensors` (their shapes and dtypes: a sharded model's parameters
+        give their whole shapes), holding `values` (default: `named_tensors`) as `version`."""
         named = list(named_tensors)
         self.slots, self.nbytes = layout(named, dtype)
         self.nonce = random.getrandbits(62)
@@ -46,7 +49,7 @@ class WeightPublisher:
         for buffer in self.buffers:
             header(buffer)[0] = WRITING  # no version until one is published there
         self.version: int | None = None
-        self.publish(named, version)
+        self.publish(named if values is None else values, version)
 
     def _shm_paths(self) -> tuple[str, str] | None:
         if not SHM_DIR.is_dir() or not os.access(SHM_DIR, os.W_OK):

@@ -34,16 +34,23 @@ STATUS = {
     "reward_errors": 0,
     "last_reward_errors": [],
     "model": "/x",
+    "placement": [
+        {"role": "generator", "proc": 0, "host": "localhost", "devices": [2], "pid": 101},
+        {"role": "trainer", "proc": 0, "host": "localhost", "devices": [0], "pid": 102},
+        {"role": "reward", "proc": 0, "host": "localhost", "devices": [], "pid": 103},
+        {"role": "reward", "proc": 1, "host": "localhost", "devices": [], "pid": 104},
+    ],
 }
 
 
 def test_snapshot_of_a_status():
     snap = sidebar.snapshot(STATUS, [100.0, 200.04], alive=lambda pid: pid != 104)
     assert snap["policy"] == {"trainer": 4, "generator": 3, "staleness": 1}
+    here = "localhost"
     assert snap["actors"] == [
-        {"role": "generator", "pids": [101], "health": "alive"},
-        {"role": "trainer", "pids": [102], "health": "alive"},
-        {"role": "reward", "pids": [103, 104], "health": "degraded"},
+        {"role": "generator", "pids": [101], "health": "alive", "devices": [[2]], "hosts": [here]},
+        {"role": "trainer", "pids": [102], "health": "alive", "devices": [[0]], "hosts": [here]},
+        {"role": "reward", "pids": [103, 104], "health": "degraded", "devices": [[], []], "hosts": [here, here]},
     ]
     assert snap["run"] == {"state": "failed", "steps_done": 2, "error": "loop: RuntimeError: boom"}
     assert snap["tokens_per_s"] == {"last": 200.0, "history": [100.0, 200.0]}

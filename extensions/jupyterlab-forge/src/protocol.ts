@@ -25,6 +25,10 @@ export interface IActor {
   role: string;
   pids: number[];
   health: Health;
+  /** The placement plan's GPUs of each proc (empty: the CPU), in proc order. */
+  devices: number[][];
+  /** The host of each proc, in proc order. */
+  hosts: string[];
 }
 
 export interface IRun {

@@ -228,10 +228,21 @@ function actorRow(actor: IActor): HTMLTableRowElement {
   const health = el('td', 'jp-ForgeSidebar-health');
   health.append(dot, document.createTextNode(actor.health));
   const pids = actor.pids.length === 1 ? `pid ${actor.pids[0]}` : `pids ${actor.pids.join(', ')}`;
+  const where = el('td', 'jp-ForgeSidebar-devices', devicesText(actor.devices));
+  where.title = actor.hosts.map((h, i) => `proc ${i}: ${h}`).join('\n');
   row.append(
     el('td', 'jp-ForgeSidebar-role', actor.role),
     el('td', 'jp-ForgeSidebar-pids', pids),
+    where,
     health
   );
   return row;
+}
+
+/** "cpu", "gpu 0", or one GPU list per proc: "gpu 0 · 1 · 2,3". */
+export function devicesText(devices: number[][]): string {
+  if (devices.every(d => d.length === 0)) {
+    return 'cpu';
+  }
+  return 'gpu ' + devices.map(d => (d.length ? d.join(',') : 'cpu')).join(' · ');
 }

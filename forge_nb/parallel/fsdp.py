@@ -1,0 +1,68 @@
+"""FSDP2 over a gang: each decoder block and the root sharded on the gang's device mesh (as torchtitan
+wraps its models), and whole tensors gathered back when a whole copy is needed (publish, save).
+
+Gradients are summed over the ranks, never averaged: each rank back-propagates its own rows' part of
+the whole batch's loss (`rl.train_step.policy_update`), so their sum is the whole batch's gradient.
+Summing also sidesteps the gloo trap (pytorch issue 162338: FSDP2's reduce-scatter on gloo summed where
+it should average): with every FSDP module forced to SUM with divide factor 1, gloo and NCCL do the same.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+
+import torch
+from torch import nn
+from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+from torch.distributed.tensor import DTensor
+
+from forge_nb.parallel.gang import Gang
+
+
+def decoder_blocks(model: nn.Module) -> list[nn.Module]:
+    """The model's repeated blocks: modules of the classes an HF model lists in `_no_split_modules`
+    (LlamaDecoderLayer, ...; found through a peft wrapper too), in order."""
+    names: set[str] = set()
+    for module in model.modules():
+        names.update(getattr(module, "_no_split_modules", None) or ())
+    blocks = [m for m in model.modules() if type(m).__name__ in names]
+    if not blocks:
+        raise ValueError(f"{type(model).__name__} names no decoder block class (_no_split_modules); cannot shard it")
+    return blocks
+
+
+def shard(model: nn.Module, gang: Gang, mixed_precision: str = "none", cpu_offload: bool = False) -> nn.Module:
+    """Wrap `model` with FSDP2 in place (each decoder block, then the root) -> the same module.
+    `mixed_precision` "bf16": compute in bfloat16, reduce gradients in float32 (parameters stay in their
+    dtype); `cpu_offload`: shards, gradients and optimizer state in host memory between uses."""
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    options = {
+        "mesh": gang.mesh,
+        "mp_policy": mp if mixed_precision == "bf16" else MixedPrecisionPolicy(),
+        "offload_policy": CPUOffloadPolicy() if cpu_offload else OffloadPolicy(),
+    }
+    for block in decoder_blocks(model):
+        fully_shard(block, **options)
+    fully_shard(model, **options)
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.set_force_sum_reduction_for_comms(True)
+            module.set_gradient_divide_factor(1.0)
+    return model
+
+
+def whole(tensor: torch.Tensor) -> torch.Tensor:
+    """The whole tensor: a shard's gathered from every rank (a collective: every rank calls it in the
+    same order), anything else as it is."""
+    return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+
+
+def whole_tensors(named: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, whole tensor) one at a time, so that at most one gathered parameter is alive at once."""
+    for name, tensor in named:
+        yield name, whole(tensor.detach())
+
+
+def local_bytes(tensors: Iterable[torch.Tensor]) -> int:
+    """Bytes this rank holds of `tensors` (a shard's local part only)."""
+    return sum((t.to_local() if isinstance(t, DTensor) else t).nbytes for t in tensors)

@@ -1,0 +1,173 @@
+"""One rank's copy of the policy: the model (whole, or its FSDP2 shards in a gang), the AdamW state of
+its trainable parameters, and what runs through it (an update, logprobs, whole weights).
+
+Plain PyTorch: the trainer and reference actors hold a `Policy`, and so does a script or the GPU check.
+In a gang every rank holds the whole batch and runs the same calls in the same order (each one is a
+collective); rank 0 (`Gang.leader`) answers and writes whole files.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM
+
+from forge_nb.config import LoraConfig, TrainerConfig
+from forge_nb.lora import adapter
+from forge_nb.parallel import fsdp, state
+from forge_nb.parallel.device import resolve_device
+from forge_nb.parallel.gang import Gang
+from forge_nb.rl.batch import TrainBatch
+from forge_nb.rl.prefix_batch import collate_prefix
+from forge_nb.rl.split import Split, completion_values
+from forge_nb.rl.train_step import LossFn, forward_logprobs, policy_update
+
+
+@dataclass(frozen=True)
+class PolicySpec:
+    """The model at `source` (an HF directory) in `dtype` on `device`; `lora`: an adapter on it (the one
+    in `adapter_dir`, else fresh); `lr` None: frozen (a reference). `trainer`: micro-batches, activation
+    checkpointing, mixed precision, offload; `sharded`: FSDP2 over the gang (`TrainerConfig.sharded`)."""
+
+    source: str
+    dtype: str
+    device: str
+    pad_id: int
+    temperature: float
+    trainer: TrainerConfig
+    sharded: bool
+    lr: float | None = None
+    lora: LoraConfig | None = None
+    adapter_dir: str = ""
+
+
+class Policy:
+    """The model and optimizer of one rank (see the module docstring)."""
+
+    def __init__(self, spec: PolicySpec, gang: Gang) -> None:
+        self.spec, self.gang = spec, gang
+        self.device = resolve_device(spec.device)
+        model = AutoModelForCausalLM.from_pretrained(spec.source, dtype=getattr(torch, spec.dtype))
+        if spec.lora is not None:
+            # A fresh adapter's A is random: the same on every rank and at any number of ranks (joining a
+            # device mesh moves torch's RNG: DTensor's seed tracker).
+            torch.manual_seed(0)
+            model = adapter.wrap(model, spec.lora, spec.adapter_dir)
+        if spec.lr is None:
+            model.requires_grad_(False)
+        if spec.trainer.activation_checkpointing and spec.lr is not None:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        if spec.sharded:
+            fsdp.shard(model, gang, spec.trainer.mixed_precision, spec.trainer.cpu_offload)
+        else:
+            _own_memory(model.to(self.device))
+        self.model = model
+        trainable = [p for p in model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(trainable, lr=spec.lr, weight_decay=0.0) if spec.lr is not None else None
+
+    @property
+    def lora(self) -> bool:
+        return self.spec.lora is not None
+
+    def split(self) -> Split:
+        """How this rank takes its part of a batch (`rl.split`)."""
+        return Split(self.gang.rank, self.gang.world, self.spec.trainer.micro_batch_tokens, self.gang.sum_across)
+
+    def update(
+        self,
+        batch: TrainBatch,
+        loss_fn: LossFn,
+        max_grad_norm: float,
+        check_loss: Callable[[torch.Tensor], torch.Tensor],
+        skip_zero_advantage: bool,
+    ) -> tuple[dict[str, float], list[list[float]] | None]:
+        """One optimizer step on the whole `batch` (this rank runs its part) -> (metrics, each completion's
+        token logprobs before the step when `batch.keep_logprobs`)."""
+        tokens = batch.collate(self.spec.pad_id, self.spec.trainer.activation_checkpointing).to(self.device)
+        try:
+            metrics, logprobs = policy_update(
+                self.model,
+                self.optimizer,
+                tokens,
+                loss_fn,
+                self.spec.temperature,
+                max_grad_norm,
+                check_loss,
+                skip_zero_advantage,
+                self.split(),
+            )
+        except BaseException:
+            self._abandon_step()
+            raise
+        if not batch.keep_logprobs:
+            return metrics, None
+        return metrics, completion_values(logprobs.cpu(), tokens.completion_mask.cpu())
+
+    def _abandon_step(self) -> None:
+        """After a step that raised (a live loss refused, a non-finite gradient): no gradient kept, and a
+        sharded model's iteration state reset (FSDP2 otherwise expects the backward of the forward it
+        ran, and the next step fails resizing its parameters' storage)."""
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.spec.sharded:
+            self.model.reset_iter_state()
+
+    @torch.no_grad()
+    def logprobs(self, prompt_ids: list[list[int]], completion_ids: list[list[int]]) -> list[list[float]]:
+        """Each completion's token logprobs after its prompt (``logits / temperature``; no grad): every
+        rank its part, summed over the gang."""
+        was_training = self.model.training
+        self.model.eval()
+        batch = collate_prefix(prompt_ids, completion_ids, self.spec.pad_id).to(self.device)
+        values = forward_logprobs(self.model, batch, self.split(), self.spec.temperature)
+        self.model.train(was_training)
+        return completion_values(values.cpu(), batch.completion_mask.cpu())
+
+    def published(self) -> list[tuple[str, torch.Tensor]]:
+        """What a refresh ships, under the names a generator loads: every parameter, or with LoRA the
+        adapter's (peft's saved names). In a gang these are shards (`whole_published` gathers them)."""
+        return adapter.adapter_tensors(self.model) if self.lora else list(self.model.named_parameters())
+
+    def whole_published(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """`published()` as whole tensors, one at a time (a collective in a gang: every rank iterates)."""
+        return fsdp.whole_tensors(self.published())
+
+    def sizes(self) -> dict[str, int]:
+        """Trainable and total parameters (whole model), the adapter's bytes (0 without LoRA), and the
+        bytes of parameters, gradients and optimizer state this rank holds (`rank_state_bytes`)."""
+        counts = adapter.parameter_counts(self.model)
+        if not self.lora:
+            counts["adapter_bytes"] = 0
+        return {**counts, "rank_state_bytes": state.rank_bytes(self.model, self.optimizer)}
+
+    def save_pretrained(self, path: str | Path, merged: bool = False) -> None:
+        """The policy as an HF directory at `path` (with LoRA: peft's adapter, and with `merged` the
+        merged model in path/merged), written by the leader from the whole weights."""
+        model = self.model if not self.spec.sharded else state.whole_copy(self.model, self.gang)
+        if model is None:  # not the leader: it gave its shards
+            return
+        if self.lora:
+            adapter.save(model, path, merged=merged)
+        else:
+            model.save_pretrained(str(path))
+
+    def save_state(self, folder: str | Path) -> None:
+        """Trainable weights and optimizer state, each rank its shards (`parallel.state`)."""
+        state.save(folder, self.model, self.optimizer)
+
+    def load_state(self, folder: str | Path) -> None:
+        """What `save_state` wrote, at any number of ranks."""
+        state.load(folder, self.model, self.optimizer)
+
+
+@torch.no_grad()
+def _own_memory(model: torch.nn.Module) -> None:
+    """Give every parameter and buffer memory of its own. On the CPU `from_pretrained` leaves them in the
+    weights file's mapping, where a tensor can start 8 bytes past an alignment boundary; oneDNN's
+    matrix-vector kernels then round differently than on the aligned copies FSDP2 (and any GPU) makes,
+    and a plain trainer and a sharded one disagreed in the last bit of a one-prompt micro-batch."""
+    for tensor in [*model.parameters(), *model.buffers()]:
+        if tensor.device.type == "cpu":
+            tensor.data = tensor.data.clone()

@@ -1,0 +1,134 @@
+"""A trainer gang computes the one-proc update: 2 ranks (FSDP2 on gloo, real processes) and 1 rank take
+the same 3 AdamW steps, for every loss of the family, and the state saved at 2 ranks loads at 1 and 2."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from forge_nb.config import AlgorithmConfig, TrainerConfig
+from forge_nb.live.builtin import builtin_loss
+from forge_nb.live.capture import compile_function
+from forge_nb.live.validate import check_loss_value
+from forge_nb.models import BUNDLED_MODEL
+from forge_nb.parallel.launch import run_gang
+from forge_nb.rl.batch import TrainBatch
+from forge_nb.rl.split import Split, plan
+
+STEPS = 3
+
+
+def batches(steps: int = STEPS, prompts: int = 4, group: int = 4) -> list[TrainBatch]:
+    """`steps` GRPO-shaped batches (group-centred advantages, one group all 0; completions of varied
+    length; behaviour logprobs near the model's)."""
+    gen = torch.Generator().manual_seed(7)
+    out = []
+    for _ in range(steps):
+        p_ids, c_ids, lps, advs = [], [], [], []
+        for g in range(prompts):
+            prompt = [1] + torch.randint(3, 15, (3 + g % 3,), generator=gen).tolist()
+            adv = torch.randn(group, generator=gen)
+            adv = (adv - adv.mean()) * (g != 1)
+            for i in range(group):
+                completion = torch.randint(3, 15, (1 + (g + i) % 5,), generator=gen).tolist() + [2]
+                p_ids.append(prompt)
+                c_ids.append(completion)
+                lps.append((-2.5 + 0.3 * torch.randn(len(completion), generator=gen)).tolist())
+                advs.append(float(adv[i]))
+        out.append(TrainBatch(p_ids, c_ids, lps, advs))
+    return out
+
+
+def train(
+    rank: int, world: int, budget: int, loss: str, save_to: str = "", load_from: str = "", rounds: int = 1
+) -> dict:
+    """On each rank: the bundled policy, AdamW at 5e-4, `rounds` x `STEPS` updates (saving its state to
+    `save_to` after the first round, starting from `load_from`) -> the metrics, each step's whole
+    weights and the trainer's logprobs, as the rank sees them."""
+    from forge_nb.parallel.gang import Gang
+    from forge_nb.parallel.policy import Policy, PolicySpec
+
+    sharded = world > 1
+    gang = Gang.join(torch.device("cpu"), 60.0) if sharded else Gang()
+    spec = PolicySpec(BUNDLED_MODEL, "float32", "cpu", 0, 1.0, TrainerConfig(micro_batch_tokens=budget), sharded, 5e-4)
+    policy = Policy(spec, gang)
+    if load_from:
+        policy.load_state(load_from)
+    loss_fn = compile_function(builtin_loss(AlgorithmConfig(loss=loss), max_tokens=6))
+    rows, weights, logprobs = [], [], []
+    for round in range(rounds):
+        for batch in batches():
+            metrics, lps = policy.update(batch, loss_fn, 1.0, check_loss_value, True)
+            rows.append(metrics)
+            logprobs.append(lps)
+            weights.append({n: t.clone() for n, t in policy.whole_published()})
+        if save_to and round == 0:
+            policy.save_state(save_to)
+    return {"metrics": rows, "weights": weights, "logprobs": logprobs, "sizes": policy.sizes()}
+
+
+def two_micro_batch_budget() -> int:
+    """A token budget that packs every test batch into exactly 2 micro-batches: then 1 rank runs both
+    and 2 ranks one each, over the same rows (the same rounding), summed in the same order."""
+    from forge_nb.rl.prefix_batch import PrefixBatch
+
+    for budget in range(8, 400):
+        counts = []
+        for b in batches():
+            t: PrefixBatch = b.collate(0)
+            counts.append(len(plan(t, t.advantages != 0, Split(micro_batch_tokens=budget)).micro_batches))
+        if counts == [2] * STEPS:
+            return budget
+    raise AssertionError("no budget gives 2 micro-batches")
+
+
+def _close(a: dict, b: dict, atol: float, b_from: int = 0) -> float:
+    """Assert loss and grad norm of `a`'s steps equal `b`'s (from step `b_from` on) -> the largest
+    difference of any weight after any step."""
+    worst = 0.0
+    for step in range(STEPS):
+        ma, mb = a["metrics"][step], b["metrics"][b_from + step]
+        assert ma["loss"] == pytest.approx(mb["loss"], rel=atol, abs=atol), step
+        assert ma["grad_norm"] == pytest.approx(mb["grad_norm"], rel=atol), step  # norms of ~30: relative
+        for name, w in a["weights"][step].items():
+            worst = max(worst, (w - b["weights"][b_from + step][name]).abs().max().item())
+    return worst
+
+
+@pytest.mark.parametrize("loss", ["grpo", "dr_grpo", "dapo"])
+def test_two_ranks_take_the_one_rank_steps(loss):
+    budget = two_micro_batch_budget()
+    (one,) = run_gang(1, train, budget, loss)
+    two = run_gang(2, train, budget, loss)
+    assert two[0]["metrics"][0]["micro_batches"] == 1 and one["metrics"][0]["micro_batches"] == 2
+    worst = _close(two[0], one, atol=1e-5)
+    print(f"{loss}: largest weight difference after {STEPS} steps {worst:.2e}")
+    assert worst <= 1e-5  # every weight after each of the 3 steps
+    assert two[0]["logprobs"][1] == one["logprobs"][1]
+    assert two[1]["logprobs"][0] is None or two[1]["logprobs"][0] == one["logprobs"][0]
+
+
+def test_each_rank_holds_about_half_the_state():
+    (one,) = run_gang(1, train, 0, "grpo")
+    two = run_gang(2, train, 0, "grpo")
+    per_rank = [r["sizes"]["rank_state_bytes"] for r in two]
+    assert max(per_rank) <= 0.55 * one["sizes"]["rank_state_bytes"]
+    assert two[0]["sizes"]["total_params"] == one["sizes"]["total_params"]
+
+
+def test_state_saved_at_two_ranks_resumes_at_two_and_one_exactly(tmp_path):
+    """Saved after 3 steps at 2 ranks; loaded at 2 and at 1 rank, the next 3 steps are, bit for bit,
+    those the 2 ranks took without stopping (same batches, same budget: the same arithmetic)."""
+    budget = two_micro_batch_budget()
+    (straight, _) = run_gang(2, train, budget, "grpo", str(tmp_path), "", 2)
+    resumed_two = run_gang(2, train, budget, "grpo", "", str(tmp_path))
+    (resumed_one,) = run_gang(1, train, budget, "grpo", "", str(tmp_path))
+    assert _close(resumed_two[0], straight, atol=0.0, b_from=STEPS) == 0.0
+    assert _close(resumed_one, straight, atol=0.0, b_from=STEPS) == 0.0
+
+
+def test_state_saved_at_one_rank_resumes_at_two_exactly(tmp_path):
+    budget = two_micro_batch_budget()
+    (straight,) = run_gang(1, train, budget, "grpo", str(tmp_path), "", 2)
+    resumed_two = run_gang(2, train, budget, "grpo", "", str(tmp_path))
+    assert _close(resumed_two[0], straight, atol=0.0, b_from=STEPS) == 0.0
