@@ -2,6 +2,7 @@
 (`fsdp`), the model, optimizer and update of one rank (`policy`), and state saved per shard (`state`).
 
 Plain PyTorch (no Monarch): the trainer and reference actors hold these, and a script drives them directly
-(`parallel.launch`, as `benchmarks/sharded_trainer.py` and `tests/parallel/test_policy.py` do). The session sets a gang up through the mesh
-(`forge_nb.mesh.gang`), which puts torchrun's variables (RANK, WORLD_SIZE, MASTER_ADDR, ...) in each proc.
+(`parallel.launch`, as `benchmarks/sharded_trainer.py` and `tests/parallel/test_policy.py` do). A session sets
+its gang up through the mesh (`forge_nb.mesh.gang`), which puts torchrun's variables (RANK, WORLD_SIZE,
+MASTER_ADDR, ...) in each proc.
 """
