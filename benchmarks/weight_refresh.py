@@ -12,6 +12,9 @@ memcpy            in-process tensor copy
                                                                   # weight_refresh_hosts.py
   python benchmarks/weight_refresh.py --lora smollm2-135m-instruct [--engines torch vllm]   # full vs LoRA
                                                   # adapter refresh of a real model: see weight_refresh_lora.py
+  python benchmarks/weight_refresh.py --sharded [--sizes-mb 256 1024] [--where host hosts]   # 2 trainer ranks
+                                                  # -> 2 generators, shard-direct vs gather to rank 0: see
+                                                  # weight_refresh_sharded.py
 """
 
 from __future__ import annotations
@@ -188,7 +191,14 @@ def main() -> None:
     parser.add_argument("--engines", nargs="+", default=["torch"], help="with --lora: torch and/or vllm")
     parser.add_argument("--rank", type=int, default=16)
     parser.add_argument("--refreshes", type=int, default=4)
+    parser.add_argument("--sharded", action="store_true", help="2 trainer ranks: shard-direct vs gather to rank 0")
+    parser.add_argument("--where", nargs="+", default=["host", "hosts"], help="with --sharded: host and/or hosts")
     args = parser.parse_args()
+    if args.sharded:
+        from weight_refresh_sharded import run as sharded
+
+        sizes = [mb for mb in args.sizes_mb if mb >= 256] or args.sizes_mb
+        return sharded(sizes, args.reps or 3, args.where)
     if args.hosts:
         from weight_refresh_hosts import run
 

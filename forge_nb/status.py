@@ -45,7 +45,10 @@ def trainer_sizes(actors: Roles | None) -> dict[str, Any]:
     the adapter's bytes (0 without LoRA) and the bytes one refresh moves (`Trainer.sizes`); {} when down."""
     infos = actors.info.get("trainer") or [] if actors is not None else []
     details = infos[0].details if infos else {}
-    return {k: details[k] for k in SIZES if k in details}
+    sizes = {k: details[k] for k in SIZES if k in details}
+    if "refresh_bytes" in sizes:  # a gang's ranks each publish their shards: a refresh moves them all
+        sizes["refresh_bytes"] = sum(i.details.get("refresh_bytes", 0) for i in infos)
+    return sizes
 
 
 def sizes_line(sizes: dict[str, Any]) -> str:

@@ -95,10 +95,11 @@ class Generator(AsyncForgeActor):
         return Generation(completions, self.version, time.perf_counter() - start)
 
     @endpoint
-    async def attach(self, manifest: WeightManifest, transport: str) -> str:
-        """Remember where the trainer publishes (once per session; refreshes then move only bytes)
-        -> the transport chosen ("shm" on the trainer's host, else "rdma")."""
-        self.receiver = WeightReceiver(manifest, version=self.version, transport=transport)
+    async def attach(self, manifests: list[WeightManifest], transport: str) -> str:
+        """Remember where the trainer publishes: its one snapshot, or every rank's shards (once per
+        session; refreshes then move only bytes) -> the transport chosen ("shm" on the trainer's host,
+        "tcp" elsewhere, or "rdma"; "shm+tcp" when ranks differ)."""
+        self.receiver = WeightReceiver(manifests, version=self.version, transport=transport)
         return self.receiver.transport
 
     @endpoint

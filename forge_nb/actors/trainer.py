@@ -100,8 +100,9 @@ class Trainer(ForgeActor):
     """Holds one rank's `Policy` (the model, or its FSDP2 shards in a gang of `mesh.trainer_procs`
     procs, and the AdamW state of the trainable parameters: every weight, or the LoRA adapter's) and
     the live loss. Its policy version (optimizer steps taken; 0 = as loaded) is the one it published
-    last: `version`. The gang's rank 0 answers, publishes and writes whole files; every rank runs every
-    call (each is a collective). With LoRA it is also the reference model: the base, adapter off."""
+    last: `version`. Every rank publishes its own shards; rank 0 answers and writes whole files; every
+    rank runs every call (each is a collective). With LoRA it is also the reference model: the base,
+    adapter off."""
 
     role = "trainer"
 
@@ -114,21 +115,21 @@ class Trainer(ForgeActor):
         self.algorithm = spec.algorithm
         self._use_loss(spec.loss, spec.loss_version)
         self.version = self._load_state(spec.resume_from) if spec.resume_from else 0
-        self.publisher: WeightPublisher | None = None
-        whole = self.policy.whole_published()
-        if self.gang.leader:
-            serve_dtype = getattr(torch, spec.serve_dtype)
-            published = self.policy.published()
-            self.publisher = WeightPublisher(published, self.version, serve_dtype, spec.chunk_mb, values=whole)
-        else:
-            _drain(whole)
+        # Every rank publishes its own shards (no gather): a generator reads from all ranks at once.
+        shards, rows = self.policy.local_published()
+        serve_dtype = getattr(torch, spec.serve_dtype)
+        rank, ranks = self.gang.rank, self.gang.world
+        self.publisher = WeightPublisher(
+            shards, self.version, serve_dtype, spec.chunk_mb, rows=rows, rank=rank, ranks=ranks
+        )
         self._ready(device=str(self.policy.device), lora=self.policy.lora, **self.sizes())
 
     def sizes(self) -> dict[str, int]:
-        """Trainable and total parameters, the adapter's bytes (0 without LoRA), the bytes of a published
-        snapshot (what one refresh moves, its 64-byte header and alignment included; 0 off rank 0), the
-        gang (rank, procs) and what this rank holds of parameters, gradients and optimizer state."""
-        refresh = self.publisher.nbytes if self.publisher is not None else 0
+        """Trainable and total parameters, the adapter's bytes (0 without LoRA), the bytes of this rank's
+        published snapshot (its share of what one refresh moves, its 64-byte header and alignment
+        included), the gang (rank, procs) and what this rank holds of parameters, gradients and optimizer
+        state."""
+        refresh = self.publisher.nbytes
         return {**self.policy.sizes(), "refresh_bytes": refresh, "rank": self.gang.rank, "procs": self.gang.world}
 
     @endpoint
@@ -164,24 +165,19 @@ class Trainer(ForgeActor):
         return TrainResult(self.version, self.loss_version, metrics, end - start, end - stepped, logprobs)
 
     def _publish(self, version: int) -> None:
-        """The whole weights into the snapshot (rank 0), gathered from every rank's shards."""
-        whole = self.policy.whole_published()
-        if self.publisher is not None:
-            self.publisher.publish(whole, version)
-        else:
-            _drain(whole)
+        """This rank's shards of the new weights into its snapshot (no collective)."""
+        self.publisher.publish(self.policy.local_published()[0], version)
         self.version = version
 
     @endpoint
     def weights_manifest(self) -> WeightManifest:
-        """Layout and RDMA handle of the published snapshot (stable for the session; rank 0's)."""
+        """Layout and handles of this rank's published snapshot (stable for the session)."""
         return self.publisher.manifest()
 
     @endpoint
     def unlink_shared_memory(self) -> None:
         """Drop the /dev/shm names once every generator has mapped them (nothing can leak after)."""
-        if self.publisher is not None:
-            self.publisher.unlink()
+        self.publisher.unlink()
 
     @endpoint
     def save(self, path: str) -> int:
@@ -234,9 +230,3 @@ class Trainer(ForgeActor):
         copy of the weights; the `Reference` actor's contract)."""
         with self.policy.model.disable_adapter():
             return self.policy.logprobs(prompt_ids, completion_ids)
-
-
-def _drain(tensors) -> None:
-    """Run a gang's gather on a rank that keeps nothing of it (each step is a collective)."""
-    for _ in tensors:
-        pass

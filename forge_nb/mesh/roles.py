@@ -201,12 +201,12 @@ class Roles(Supervised):
         return self.weights_transport
 
     def _attach_generators(self, transport: str) -> str:
-        """Every generator maps the trainer's snapshot (its manifest), then the /dev/shm names are
-        dropped, so nothing can leak after (a later reader takes RDMA) -> the transport(s) chosen."""
-        trainer = replica(self.trainer, 0, self.trainer_procs)  # rank 0 publishes the gang's whole weights
-        manifest = _with_stream_options(wait(trainer.weights_manifest.call_one()), self._weights)
-        chosen = set(wait(self.generator.attach.call(manifest, transport)).values())
-        wait(trainer.unlink_shared_memory.call_one())
+        """Every generator maps every trainer rank's snapshot (their manifests), then the /dev/shm names
+        are dropped, so nothing can leak after (a later reader takes RDMA) -> the transport(s) chosen."""
+        ranks = wait(self.trainer.weights_manifest.call()).values()  # each rank publishes its own shards
+        manifests = [_with_stream_options(m, self._weights) for m in ranks]
+        chosen = set(wait(self.generator.attach.call(manifests, transport)).values())
+        on_gang(self.trainer, "unlink_shared_memory")
         return "+".join(sorted(chosen))
 
     def generate(self, prompts: list[str], sampling: SamplingParams) -> Generation:

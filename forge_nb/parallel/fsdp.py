@@ -15,6 +15,7 @@ import torch
 from torch import nn
 from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 from torch.distributed.tensor import DTensor
+from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
 from forge_nb.parallel.gang import Gang
 
@@ -66,3 +67,25 @@ def whole_tensors(named: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[s
 def local_bytes(tensors: Iterable[torch.Tensor]) -> int:
     """Bytes this rank holds of `tensors` (a shard's local part only)."""
     return sum((t.to_local() if isinstance(t, DTensor) else t).nbytes for t in tensors)
+
+
+def reshard(model: nn.Module) -> None:
+    """Every FSDP2 module back to its shards (a forward without a backward leaves the root's whole)."""
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.reshard()
+
+
+def local_shards(
+    named: Iterable[tuple[str, torch.Tensor]],
+) -> tuple[list[tuple[str, torch.Tensor]], dict[str, tuple[int, int]]]:
+    """This rank's own rows of each tensor -> ((name, local tensor) in order, name -> (first row, the
+    whole tensor's rows) for those that are shards). No collective: what a rank publishes is its own."""
+    out, rows = [], {}
+    for name, tensor in named:
+        if isinstance(tensor, DTensor):
+            _, offset = compute_local_shape_and_global_offset(tensor.shape, tensor.device_mesh, tensor.placements)
+            rows[name] = (offset[0] if offset else 0, tensor.shape[0] if tensor.dim() else 1)
+            tensor = tensor.to_local()
+        out.append((name, tensor.detach()))
+    return out, rows

@@ -130,6 +130,13 @@ class Policy:
         adapter's (peft's saved names). In a gang these are shards (`whole_published` gathers them)."""
         return adapter.adapter_tensors(self.model) if self.lora else list(self.model.named_parameters())
 
+    def local_published(self) -> tuple[list[tuple[str, torch.Tensor]], dict[str, tuple[int, int]]]:
+        """What this rank publishes: its own rows of `published()` (the whole tensors when not sharded),
+        and which rows those are (`parallel.fsdp.local_shards`; no collective)."""
+        if self.spec.sharded:
+            fsdp.reshard(self.model)
+        return fsdp.local_shards(self.published())
+
     def whole_published(self) -> Iterator[tuple[str, torch.Tensor]]:
         """`published()` as whole tensors, one at a time (a collective in a gang: every rank iterates)."""
         return fsdp.whole_tensors(self.published())

@@ -4,6 +4,11 @@ A trainer publishes into two buffers (double buffering: version v goes to buffer
 reader of v is never overwritten by v + 1). Each buffer is flat bytes: a 64-byte header -- the
 policy version as int64 (-1 while being written), then a 64-bit nonce naming the publisher --
 followed by every tensor back to back, each 64-byte aligned.
+
+A sharded trainer (a gang of N ranks, FSDP2) publishes shard by shard: each rank its own rows of each
+tensor (FSDP2 shards dim 0), in buffers of its own, with one manifest per rank; a slot then says which
+rows of the whole tensor it holds (`row_start`, of `whole_rows`), and a reader puts the whole tensor
+back together from every rank's slot (`weights.shards`).
 """
 
 from __future__ import annotations
@@ -28,6 +33,8 @@ class TensorSlot:
     dtype: str  # torch dtype name, e.g. "float32"
     offset: int
     nbytes: int
+    row_start: int = 0  # a shard: the first row (dim 0) of the whole tensor it holds
+    whole_rows: int | None = None  # a shard: the whole tensor's rows; None: the slot is the whole tensor
 
 
 @dataclass(frozen=True)
@@ -48,18 +55,24 @@ class WeightManifest:
     rdma: tuple[tuple[Any, ...], ...]
     shm_paths: tuple[str, ...] | None
     stream: Any = None  # weights.stream.StreamSpec
+    rank: int = 0  # which of the trainer's `ranks` publishes these buffers (their shards, when ranks > 1)
+    ranks: int = 1
 
 
 def layout(
-    named_tensors: Iterable[tuple[str, torch.Tensor]], dtype: torch.dtype | None = None
+    named_tensors: Iterable[tuple[str, torch.Tensor]],
+    dtype: torch.dtype | None = None,
+    rows: dict[str, tuple[int, int]] | None = None,
 ) -> tuple[tuple[TensorSlot, ...], int]:
     """Pack tensors after the header, each aligned to 64 bytes -> (slots, total bytes).
-    With `dtype`, floating tensors are laid out in that dtype (e.g. bf16 serving of fp32 training)."""
+    With `dtype`, floating tensors are laid out in that dtype (e.g. bf16 serving of fp32 training).
+    `rows`: for tensors that are shards, name -> (first row, the whole tensor's rows)."""
     slots, offset = [], HEADER_BYTES
     for name, t in named_tensors:
         out = dtype if dtype is not None and t.is_floating_point() else t.dtype
         nbytes = t.numel() * torch.empty((), dtype=out).element_size()
-        slots.append(TensorSlot(name, tuple(t.shape), str(out).removeprefix("torch."), offset, nbytes))
+        start, whole = (rows or {}).get(name, (0, None))
+        slots.append(TensorSlot(name, tuple(t.shape), str(out).removeprefix("torch."), offset, nbytes, start, whole))
         offset += -(-nbytes // 64) * 64
     return tuple(slots), offset
 

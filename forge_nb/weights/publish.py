@@ -33,12 +33,16 @@ class WeightPublisher:
         dtype: torch.dtype | None = None,
         chunk_mb: int = 16,
         use_shm: bool = True,
-        values: Iterable[tuple[str, torch.Tensor]] | None = None,
+        rows: dict[str, tuple[int, int]] | None = None,
+        rank: int = 0,
+        ranks: int = 1,
     ) -> None:
-        """Buffers laid out for `named_tensors` (their shapes and dtypes: a sharded model's parameters
-        give their whole shapes), holding `values` (default: `named_tensors`) as `version`."""
+        """Buffers laid out for `named_tensors` (their shapes and dtypes), holding them as `version`.
+        A sharded trainer's rank `rank` of `ranks` publishes its shards: `rows` says which rows of each
+        whole tensor they are (`weights.manifest.layout`)."""
         named = list(named_tensors)
-        self.slots, self.nbytes = layout(named, dtype)
+        self.rank, self.ranks = rank, ranks
+        self.slots, self.nbytes = layout(named, dtype, rows)
         self.nonce = random.getrandbits(62)
         self.chunk_bytes = chunk_mb << 20
         self.shm_paths = self._shm_paths() if use_shm else None
@@ -49,7 +53,7 @@ class WeightPublisher:
         for buffer in self.buffers:
             header(buffer)[0] = WRITING  # no version until one is published there
         self.version: int | None = None
-        self.publish(named if values is None else values, version)
+        self.publish(named, version)
 
     def _shm_paths(self) -> tuple[str, str] | None:
         if not SHM_DIR.is_dir() or not os.access(SHM_DIR, os.W_OK):
@@ -93,6 +97,8 @@ class WeightPublisher:
             self._rdma,
             self.shm_paths,
             self._server.spec,
+            self.rank,
+            self.ranks,
         )
 
     def _register(self, buffer: torch.Tensor) -> tuple:

@@ -7,6 +7,8 @@ for real RDMA NICs; over Monarch's TCP fallback it is the slower of the two).
 Either way the bytes land in a staging buffer and are checked before anything is loaded: the
 header must hold the requested version and the publisher's nonce both before and after the copy,
 so a version overwritten mid-read (the trainer two versions ahead) is refused, never half-loaded.
+From a sharded trainer every rank's buffers are copied at once (each rank's link carries its share)
+and a version is loaded only when every rank's copy passed that check (`weights.shards`).
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ from pathlib import Path
 
 import torch
 
-from forge_nb.weights.manifest import WeightManifest, header, host_id, views
+from forge_nb.weights.manifest import WeightManifest, header, host_id
+from forge_nb.weights.shards import assembled, check_cover
 
 TRANSPORTS = ("auto", "shm", "tcp", "rdma")
 
@@ -70,14 +73,49 @@ class RefreshReport:
 
 
 class WeightReceiver:
-    """Tracks the version a generator serves and refreshes it from one publisher's buffers."""
+    """Tracks the version a generator serves and refreshes it from a trainer's published buffers: one
+    publisher's, or every rank's of a sharded trainer (read at once, each over its own transport, and
+    put together only when every rank's copy is the version asked for)."""
 
-    def __init__(self, manifest: WeightManifest, version: int = 0, transport: str = "auto") -> None:
+    def __init__(
+        self, manifests: WeightManifest | Sequence[WeightManifest], version: int = 0, transport: str = "auto"
+    ) -> None:
         if transport not in TRANSPORTS:
             raise ValueError(f"weights transport must be one of {TRANSPORTS}, got {transport!r}")
-        self.manifest = manifest
+        self.manifests = [manifests] if isinstance(manifests, WeightManifest) else list(manifests)
+        if len(self.manifests) > 1:
+            check_cover(self.manifests)
         self.version = version
-        self._staging = torch.empty(manifest.nbytes, dtype=torch.uint8)
+        self.sources = [_Source(m, transport) for m in self.manifests]
+        self.nbytes = sum(m.nbytes for m in self.manifests)
+        self.transport = "+".join(sorted({s.transport for s in self.sources}))
+
+    async def refresh(self, version: int, load: Callable[[Iterable[tuple[str, torch.Tensor]]], None]) -> RefreshReport:
+        """Copy published `version` from every rank, check each copy, then `load` the named whole tensors.
+
+        A refresh to the version already served moves nothing and reports ``skipped=True``.
+        """
+        previous = self.version
+        if version == previous:
+            return RefreshReport(previous, previous, 0, 0.0, 0.0, True, self.transport)
+        start = time.perf_counter()
+        afters = await asyncio.gather(*(source.copy(version % 2, previous) for source in self.sources))
+        transferred = time.perf_counter()
+        for source, after in zip(self.sources, afters):
+            source.check(version, after)
+        load(assembled(self.manifests, [source.staging for source in self.sources]))
+        self.version = version
+        end = time.perf_counter()
+        return RefreshReport(version, previous, self.nbytes, end - start, transferred - start, False, self.transport)
+
+
+class _Source:
+    """One publisher's two buffers (a trainer rank's) and how this receiver copies them into `staging`:
+    mapped from /dev/shm on its host, else over its TCP streams, else Monarch RDMA."""
+
+    def __init__(self, manifest: WeightManifest, transport: str) -> None:
+        self.manifest = manifest
+        self.staging = torch.empty(manifest.nbytes, dtype=torch.uint8)
         self._mapped = self._map_shm() if transport in ("auto", "shm") else None
         if transport == "shm" and self._mapped is None:
             raise ValueError("weights transport 'shm' asked for, but the publisher's /dev/shm buffers are not here")
@@ -98,59 +136,36 @@ class WeightReceiver:
         # Same boot id but another /dev/shm (a container): the nonce tells.
         return mapped if any(int(header(b)[1]) == m.nonce for b in mapped) else None
 
-    async def refresh(self, version: int, load: Callable[[Iterable[tuple[str, torch.Tensor]]], None]) -> RefreshReport:
-        """Copy published `version`, check it, then `load` the named views of the copy.
-
-        A refresh to the version already served moves nothing and reports ``skipped=True``.
-        """
-        previous = self.version
-        if version == previous:
-            return RefreshReport(previous, previous, 0, 0.0, 0.0, True, self.transport)
-        start = time.perf_counter()
-        index = version % 2
+    async def copy(self, index: int, serving: int) -> torch.Tensor:
+        """Buffer `index` into `staging` -> its header as it was after the copy (`serving`: the version
+        that stays live if the copy fails)."""
         if self._mapped is not None:
-            after = await self._copy_shm(index)
-        elif self._stream is not None:
-            after = await self._copy_stream(index)
-        else:
-            after = await self._copy_rdma(index)
-        transferred = time.perf_counter()
-        self._check(version, header(self._staging), after)
-        load(views(self._staging, self.manifest.slots))
-        self.version = version
-        end = time.perf_counter()
-        return RefreshReport(
-            version, previous, self.manifest.nbytes, end - start, transferred - start, False, self.transport
-        )
-
-    async def _copy_shm(self, index: int) -> torch.Tensor:
-        source = self._mapped[index]
-        self._staging.copy_(source)
-        return header(source).clone()
-
-    async def _copy_stream(self, index: int) -> torch.Tensor:
-        # In a thread: the actor's loop stays free (it answers `generate` with the version it serves).
-        try:
-            return header(await asyncio.to_thread(self._stream.read, index, self._staging)).clone()
-        except OSError as e:
-            raise RefreshError(f"policy v{self.version} stays live; {e}") from None
-
-    async def _copy_rdma(self, index: int) -> torch.Tensor:
+            source = self._mapped[index]
+            self.staging.copy_(source)
+            return header(source).clone()
+        if self._stream is not None:
+            # In a thread: the actor's loop stays free (it answers `generate` with the version it serves).
+            try:
+                return header(await asyncio.to_thread(self._stream.read, index, self.staging)).clone()
+            except OSError as e:
+                raise RefreshError(f"policy v{serving} stays live; {self._who()}{e}") from None
         head, *chunks = self.manifest.rdma[index]
         size = self.manifest.chunk_bytes
-        await asyncio.gather(
-            *(c.read_into(self._staging[i * size : i * size + c.size()]) for i, c in enumerate(chunks))
-        )
+        await asyncio.gather(*(c.read_into(self.staging[i * size : i * size + c.size()]) for i, c in enumerate(chunks)))
         after = torch.empty(64, dtype=torch.uint8)
         await head.read_into(after)
         return header(after).clone()
 
-    def _check(self, version: int, before: torch.Tensor, after: torch.Tensor) -> None:
+    def check(self, version: int, after: torch.Tensor) -> None:
+        """The copy holds `version` of this publisher: its header said so before and after the copy."""
         nonce = self.manifest.nonce
-        for what, stamp in (("at the start of the copy", before), ("at its end", after)):
+        for what, stamp in (("at the start of the copy", header(self.staging)), ("at its end", after)):
             found, found_nonce = int(stamp[0]), int(stamp[1])
             if found_nonce != nonce or found != version:
                 raise RefreshError(
-                    f"asked for policy version {version}, the published buffer held version {found} {what} "
-                    f"(the trainer is 2+ versions ahead, or another publisher); nothing was loaded"
+                    f"asked for policy version {version}, {self._who()}the published buffer held version {found} "
+                    f"{what} (the trainer is 2+ versions ahead, or another publisher); nothing was loaded"
                 )
+
+    def _who(self) -> str:
+        return f"trainer rank {self.manifest.rank}: " if self.manifest.ranks > 1 else ""

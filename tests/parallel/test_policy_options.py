@@ -1,5 +1,5 @@
 """The trainer's options at 2 ranks (FSDP2 on gloo, real processes): LoRA, activation checkpointing and
-bf16 mixed precision take the step they should; a step that raised leaves the gang usable."""
+bf16 mixed precision take the step they should."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from forge_nb.parallel.launch import run_gang
 from tests.parallel.test_policy import STEPS, batches, two_micro_batch_budget
 
 
-def train(rank: int, world: int, trainer: dict, lora: bool, fail_first: bool = False, on_policy: bool = False) -> dict:
+def train(rank: int, world: int, trainer: dict, lora: bool, on_policy: bool = False) -> dict:
     """`STEPS` GRPO updates of the bundled policy at `world` ranks with `trainer` options -> the metrics,
     the whole published tensors after the last step and their dtypes. `on_policy`: each batch's behaviour
     logprobs are the float32 policy's own (ratio 1), not made up."""
@@ -32,9 +32,6 @@ def train(rank: int, world: int, trainer: dict, lora: bool, fail_first: bool = F
     policy = Policy(spec, gang)
     loss_fn = compile_function(builtin_loss(AlgorithmConfig(loss="grpo"), max_tokens=6))
     rows = []
-    if fail_first:  # a live loss that raises after the forward: nothing steps, the next step runs
-        with pytest.raises(ValueError):
-            policy.update(batches()[0], _raises, 1.0, check_loss_value, False)
     for batch in batches():
         if on_policy:
             batch = dataclasses.replace(batch, logprobs=_fp32_logprobs(batch))
@@ -53,16 +50,13 @@ def _fp32_logprobs(batch) -> list[list[float]]:
     return completion_logprobs(model, batch.prompt_ids, batch.completion_ids, 0, 1.0)
 
 
-def _raises(logprobs, old_logprobs, advantages, mask):
-    raise ValueError("a loss cell's bug")
-
-
-def _same(a: dict, b: dict, exact: bool = True) -> None:
+def _same(a: dict, b: dict) -> None:
+    """The same losses and, bit for bit, the same published tensors after the last step."""
     for step in range(STEPS):
         assert a["metrics"][step]["loss"] == pytest.approx(b["metrics"][step]["loss"], rel=1e-5, abs=1e-6)
     assert a["weights"].keys() == b["weights"].keys()
     for name, w in a["weights"].items():
-        assert torch.equal(w, b["weights"][name]) if exact else torch.allclose(w, b["weights"][name], atol=1e-5), name
+        assert torch.equal(w, b["weights"][name]), name
 
 
 def test_lora_at_two_ranks_takes_the_one_rank_steps():
@@ -87,22 +81,11 @@ def test_activation_checkpointing_at_two_ranks_takes_the_one_rank_steps():
 def test_bf16_mixed_precision_at_two_ranks_computes_in_bf16_on_float32_weights():
     """On-policy steps (ratio 1 at the first): bf16 compute rounds the logprobs (on this 128-wide model
     enough to move the gradient norm by ~20% from float32's), the same at 1 and 2 ranks."""
-    (fp32,) = run_gang(1, train, {}, False, False, True)
-    (one,) = run_gang(1, train, {"mixed_precision": "bf16"}, False, False, True)
-    two = run_gang(2, train, {"mixed_precision": "bf16"}, False, False, True)
+    (fp32,) = run_gang(1, train, {}, False, True)
+    (one,) = run_gang(1, train, {"mixed_precision": "bf16"}, False, True)
+    two = run_gang(2, train, {"mixed_precision": "bf16"}, False, True)
     assert two[0]["dtypes"] == {"torch.float32"}  # master weights stay float32
     assert abs(two[0]["metrics"][0]["approx_kl"]) > 1e-3 > abs(fp32["metrics"][0]["approx_kl"])  # ran in bf16
     assert two[0]["metrics"][0]["loss"] == pytest.approx(fp32["metrics"][0]["loss"], abs=1e-2)
     for step in range(STEPS):
         assert two[0]["metrics"][step]["grad_norm"] == pytest.approx(one["metrics"][step]["grad_norm"], rel=1e-2)
-
-
-def test_a_step_that_raised_leaves_the_gang_usable():
-    budget = {"micro_batch_tokens": two_micro_batch_budget()}
-    clean = run_gang(2, train, budget, False)
-    failed_first = run_gang(2, train, budget, False, True)
-    _same(failed_first[0], clean[0])  # the failed step changed nothing, and FSDP2 ran on
-
-
-def test_options_are_plain_data():
-    assert dataclasses.asdict(TrainerConfig(micro_batch_tokens=8))["micro_batch_tokens"] == 8

@@ -39,10 +39,6 @@ def test_three_steps_at_two_procs_equal_one_proc():
     two_rows, two_sums = _run(2, **ONE_FORWARD)
     _same_rows(two_rows, one_rows)
     assert two_sums["trainer"] == one_sums["trainer"] == two_sums["generator"]  # every weight, bit for bit
-    split_rows, _ = _run(2)  # each rank its half of the rows: the same update up to float rounding
-    first = split_rows.iloc[0]
-    assert first["loss"] == pytest.approx(one_rows.iloc[0]["loss"], abs=1e-6)
-    assert first["grad_norm"] == pytest.approx(one_rows.iloc[0]["grad_norm"], rel=1e-5)
     assert wait_no_children() == []
 
 
@@ -78,15 +74,15 @@ def _wait_until(predicate, timeout: float = 180.0) -> None:
 @pytest.mark.parametrize("fault", ["kill", "hang"])
 def test_a_rank_that_dies_or_hangs_restarts_the_gang_from_the_last_checkpoint(tmp_path, fault):
     checkpoint = {"every": 1, "dir": str(tmp_path), "on_trainer_failure": "restore"}
-    s = forge_nb.up(trainer_procs=2, checkpoint=checkpoint, collective_timeout_s=15.0, **SMALL)
+    s = forge_nb.up(trainer_procs=2, checkpoint=checkpoint, collective_timeout_s=5.0, **SMALL)
     try:
-        run = s.run(steps=6)
+        run = s.run(steps=4)
         _wait_until(lambda: run.done >= 2)
         ranks = s.pids["trainer"]
         os.kill(ranks[1], signal.SIGKILL if fault == "kill" else signal.SIGSTOP)
         run.wait(300)
         assert run.state == "finished", run.error
-        assert s.step_count == 6 and s.pids["trainer"] != ranks
+        assert s.step_count == 4 and s.pids["trainer"] != ranks
         events = [e for e in s.status()["events"] if e["role"] == "trainer"]
         assert events and "restored" in events[-1]["what"], events
         sums = s.checksums()
@@ -113,7 +109,7 @@ def test_smollm2_at_two_procs_takes_the_one_proc_steps(tmp_path):
         "prompt_column": "messages",
         "prompts_per_step": 2,
         "group_size": 4,
-        "max_tokens": 16,
+        "max_tokens": 8,
         "lr": 1e-5,
         "threads_per_proc": 1,
         **ONE_FORWARD,
