@@ -9,11 +9,13 @@ metrics. The session holds both sides' locks while one is written, so it falls b
 from __future__ import annotations
 
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from forge_nb.config import Config
 from forge_nb.live.registry import Registry
+from forge_nb.mesh.recovery import CheckpointLost
 from forge_nb.mesh.roles import Roles, StartFrom
 from forge_nb.metrics import MetricsStream
 from forge_nb.rl.replay import ReplayBuffer
@@ -89,6 +91,17 @@ class Checkpoints:
             return False
         self.next_due = (step // self.every + 1) * self.every
         return True
+
+    def periodic(self, step: int, save: Callable[[Path], Path], event: Callable[[str, str], None]) -> None:
+        """The checkpoint `checkpoint.every` asks for after `step`, then the oldest pruned. If the trainer
+        dies while writing it, the trainer is restored (its own event says from where) and the run goes on
+        without this one."""
+        try:
+            save(self.periodic_path(step))
+        except CheckpointLost as e:
+            event("checkpoint", f"the checkpoint of step {step} was not written: {e}")
+            return
+        self.prune()
 
     def prune(self) -> None:
         """Delete the oldest periodic checkpoints beyond `checkpoint.keep`."""

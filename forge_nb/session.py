@@ -226,8 +226,7 @@ class Session:
         if self.state.eval_due():
             self.evaluate()
         if self.checkpoints.due(self.state.step_count):
-            self.save(self.checkpoints.periodic_path(self.state.step_count))
-            self.checkpoints.prune()
+            self.checkpoints.periodic(self.state.step_count, self.save, self._event)
         if self.state.trackers:
             self.state.trackers.on_versions(self.state.step_count, self.live_code.registry.records)
         weights = {n: m.weight for n, m in self.live_code.registry.members("reward").items()}

@@ -15,7 +15,7 @@ from forge_nb.config import AlgorithmConfig, Config, LoraConfig, TrainerConfig
 from forge_nb.live.capture import LiveCode, compile_function
 from forge_nb.live.validate import CheckFailed, check_loss_value
 from forge_nb.parallel.device import resolve_device
-from forge_nb.parallel.gang import Gang, GangError, collective_failed
+from forge_nb.parallel.gang import Gang, GangError, collective_failed, collectives
 from forge_nb.parallel.policy import Policy, PolicySpec
 from forge_nb.rl.batch import TrainBatch
 from forge_nb.rl.train_step import NonFiniteGradient
@@ -183,7 +183,8 @@ class Trainer(ForgeActor):
     def save(self, path: str) -> int:
         """Write the current weights as an HF model directory (config.json + safetensors) -> version.
         With LoRA: the adapter in peft's format at `path` and the merged model at path/merged."""
-        self.policy.save_pretrained(path, merged=True)
+        with collectives(self.gang.rank):
+            self.policy.save_pretrained(path, merged=True)
         return self.version
 
     @endpoint
@@ -191,8 +192,9 @@ class Trainer(ForgeActor):
         """Write what resuming needs exactly, at any number of procs: the weights (HF directory; with LoRA
         the adapter, in peft's format), each rank's shards of the trainable weights and optimizer state
         (`parallel.state`), and `trainer_state.pt` with the RNG state and the policy version -> version."""
-        self.policy.save_pretrained(path)
-        self.policy.save_state(path)
+        with collectives(self.gang.rank):  # a rank gone mid-save: GangError, the gang is restarted
+            self.policy.save_pretrained(path)
+            self.policy.save_state(path)
         if self.gang.leader:
             torch.save({"rng": torch.get_rng_state(), "version": self.version}, Path(path) / STATE_FILE)
         return self.version
@@ -216,7 +218,8 @@ class Trainer(ForgeActor):
     @endpoint
     def checksum(self) -> tuple[int, str]:
         """(policy version, checksum of what the trainer publishes: its parameters, or the adapter's)."""
-        whole = [(name, t.cpu()) for name, t in self.policy.whole_published()]
+        with collectives(self.gang.rank):
+            whole = [(name, t.cpu()) for name, t in self.policy.whole_published()]
         return self.version, checksum(whole)
 
     @endpoint

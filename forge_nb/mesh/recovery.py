@@ -42,8 +42,26 @@ class TrainerLost(RuntimeError):
     """The trainer's proc died; its weights and optimizer state went with it."""
 
 
+class CheckpointLost(RuntimeError):
+    """The trainer died while it wrote a checkpoint: it was restarted (from the checkpoint before, or
+    `TrainerLost`) and this checkpoint was not written."""
+
+
 class Supervised:
     """Healing, respawning and re-issuing, for `Roles`."""
+
+    def _trainer_saves(self, call: Callable[[], Any]) -> Any:
+        """`call()`, a save by the trainer. If the trainer dies during it, it is restarted (the state it
+        saved dies with it, so the save is not issued again) and `CheckpointLost` is raised."""
+        self.heal()
+        try:
+            return call()
+        except (SupervisionError, ActorError) as e:
+            if isinstance(e, ActorError) and not isinstance(e.exception, GangError):
+                raise
+            cause = cause_of(e)
+            self.respawn("trainer", cause)
+            raise CheckpointLost(f"the trainer died while saving ({cause}); nothing was saved") from None
 
     def _supervised(self, role: str, call: Callable[[], Any]) -> Any:
         """`call()`, after healing the roles Monarch reported dead; once more if `role` died during it."""

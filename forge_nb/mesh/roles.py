@@ -298,7 +298,7 @@ class Roles(Supervised):
     def save_weights(self, folder: Path, generator_too: bool) -> None:
         """The trainer's state into folder/trainer; the served weights into folder/generator when they
         are not the trainer's (the torch engine only)."""
-        on_gang(self.trainer, "save_state", str(folder / "trainer"))
+        self._trainer_saves(lambda: on_gang(self.trainer, "save_state", str(folder / "trainer")))
         if generator_too:
             wait(self.generator.slice(procs=0).save_weights.call_one(str(folder / "generator")))
 
@@ -329,7 +329,7 @@ class Roles(Supervised):
         on_gang(self.trainer, "set_loss", code, version)
 
     def save(self, path: str) -> int:
-        return on_gang(self.trainer, "save", path)
+        return self._trainer_saves(lambda: on_gang(self.trainer, "save", path))
 
     def unlink_shared_memory(self) -> None:
         on_gang(self.trainer, "unlink_shared_memory")

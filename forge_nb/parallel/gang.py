@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -31,6 +33,20 @@ def collective_failed(error: BaseException) -> bool:
     return any(s in text for s in ("gloo", "nccl", "connection closed by peer", "connection reset by peer"))
 
 
+@contextmanager
+def collectives(rank: int) -> Iterator[None]:
+    """Turn an error out of a collective whose peers are gone into `GangError` (the session restarts the
+    gang on it); any other error passes unchanged."""
+    try:
+        yield
+    except GangError:
+        raise
+    except Exception as e:
+        if collective_failed(e):
+            raise GangError(f"trainer rank {rank}: {type(e).__name__}: {e}") from None
+        raise
+
+
 @dataclass
 class Gang:
     """Rank `rank` of `world`; `mesh` is the 1-D device mesh FSDP2 shards over (None: no group)."""
@@ -50,6 +66,10 @@ class Gang:
         by `forge_nb.mesh.gang` in each proc). Without them: a group of one on this host."""
         if "RANK" not in os.environ:
             os.environ.update(RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+        if "GLOO_SOCKET_IFNAME" not in os.environ:
+            interface = interface_towards(os.environ["MASTER_ADDR"])
+            if interface:  # else gloo binds the address the host name resolves to, which may not be this host's
+                os.environ["GLOO_SOCKET_IFNAME"] = interface
         if not dist.is_initialized():
             backend = "cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo"
             dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
@@ -71,3 +91,19 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def interface_towards(address: str) -> str | None:
+    """The name of this host's network interface on the route to `address` (loopback: "lo"), or None."""
+    import psutil
+
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.connect((socket.gethostbyname(address), 9))  # a UDP connect sends nothing: it only routes
+            local = probe.getsockname()[0]
+    except OSError:
+        return None
+    for name, addresses in psutil.net_if_addrs().items():
+        if any(a.family == socket.AF_INET and a.address == local for a in addresses):
+            return name
+    return None

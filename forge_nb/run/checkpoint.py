@@ -86,7 +86,11 @@ def write(
     staging = final.with_name(f".{final.name}.partial")
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
-    save_weights(staging)
+    try:
+        save_weights(staging)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)  # a failed save leaves no half checkpoint
+        raise
     (staging / "checkpoint.json").write_text(json.dumps({"format": FORMAT, "time": time.time(), **state}, indent=1))
     (staging / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
     if data is not None:
