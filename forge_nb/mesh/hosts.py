@@ -88,7 +88,7 @@ class HostsMesh(LocalMesh):
 
     def master_addr(self, role: str) -> str | None:
         """Where `role`'s gang meets: the address of its first proc's host (which the other hosts reach)."""
-        return self.addresses[self.host_indices(role, 1)[0]][0]
+        return self.addresses[self.placement.host_indices(role)[0]][0]
 
     def placed(self) -> dict[str, list[str]]:
         """Each running role -> the hosts (HOST:PORT) of its procs, for `Session.status`."""
