@@ -65,10 +65,13 @@ def file_group(path: Path, root: Path, cache: dict[Path, str]) -> str:
 def pytest_xdist_make_scheduler(config, log):
     """xdist's own `--dist loadgroup` does not group with pytest 9 here (the `@group` it appends to node
     ids is lost), so the scheduler is xdist's loadscope with file_group() as the scope: one file, or the
-    "slurm" group, to one worker at a time."""
+    "slurm" group, to one worker at a time. Groups are handed out in collection order, which
+    `pytest_collection_modifyitems` makes longest first (`durations.json`); xdist's own reordering, by
+    number of tests, put one-test files of minutes (the binder build) last, on one worker, the other idle."""
     from xdist.scheduler import LoadScopeScheduling
 
     cache: dict[Path, str] = {}
+    config.option.loadscopereorder = False
 
     class FileGroupScheduling(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
@@ -115,7 +118,30 @@ def pytest_collection_modifyitems(config, items):
         groups.setdefault(path, file_group(path, config.rootpath, cache))
     for item in items:
         item.add_marker(pytest.mark.xdist_group(groups[Path(str(item.path))]))
+    longest_groups_first(items, groups, config.rootpath)
     shorten_tutorials(items)
+
+
+#: Seconds each test file took in a measured `make test` (`python tests/durations.py JUNIT_XML` writes it):
+#: groups run longest first, so two workers finish together. A file not in it counts DEFAULT_SECONDS.
+DURATIONS = Path(__file__).parent / "tests" / "durations.json"
+DEFAULT_SECONDS = 10.0
+
+
+def longest_groups_first(items, groups: dict[Path, str], root: Path) -> None:
+    """Reorder `items` in place: whole groups, longest (by `DURATIONS`) first, each group's items in their
+    order (a notebook's cells top to bottom). Without the file the order stays as collected."""
+    if not DURATIONS.is_file():
+        return
+    import json
+
+    seconds = json.loads(DURATIONS.read_text())
+    per_group: dict[str, float] = {}
+    for path, group in groups.items():
+        name = path.relative_to(root).as_posix() if path.is_relative_to(root) else str(path)
+        per_group[group] = per_group.get(group, 0.0) + seconds.get(name, DEFAULT_SECONDS)
+    order = {group: i for i, group in enumerate(sorted(per_group, key=lambda g: -per_group[g]))}
+    items.sort(key=lambda item: order[groups[Path(str(item.path))]])  # stable: items keep their order in a group
 
 
 def shorten_tutorials(items) -> None:

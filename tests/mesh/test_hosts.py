@@ -1,8 +1,9 @@
 """A session across three hosts (network namespaces on one bridge, `forge_nb.tools.netns_hosts`):
-generator, trainer and reward procs each on a host of its own, weights over the trainer's TCP
-streams, the trainer's link taken down mid-refresh, a slow link, and the generator's proc killed on
-its host. The module's session is started by its fixture, so each test runs alone and in any order;
-the fixture's end checks that `%forge down` leaves no proc on any host.
+generator, trainer (a gang of 2 procs, each publishing its shards) and reward procs each on a host of
+its own, weights over both trainer ranks' TCP streams, the trainer's link taken down mid-refresh, a
+slow link, and the generator's proc killed on its host. The module's session is started by its
+fixture, so each test runs alone and in any order; the fixture's end checks that `%forge down` leaves
+no proc on any host.
 
 The session runs in a real kernel started by the test: Monarch fixes a process's transport at its
 first call, and a hosts session listens on TCP, so it must be the first Monarch use of its process.
@@ -59,7 +60,7 @@ def kernel(net):
         k.ok("from forge_nb.mesh import lifecycle; from forge_nb.mesh.calls import wait; import json")
         addresses = ",".join(f"tcp://{h.ip}:{PORT}" for h in hosts.hosts)
         k.ok(
-            f"%forge up --hosts {addresses} prompts_per_step=4 group_size=4 threads_per_proc=1 "
+            f"%forge up --hosts {addresses} trainer_procs=2 prompts_per_step=4 group_size=4 threads_per_proc=1 "
             "weights.stream_timeout_s=1.0",
             timeout=300,
         )

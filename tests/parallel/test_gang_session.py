@@ -1,6 +1,6 @@
-"""One session with a gang of 2 trainer procs and a sharded reference, on a host that pretends to have 4
-GPUs: each proc runs with the GPUs the placement plan gave it, and live losses run on every rank (a bad
-one changes nothing)."""
+"""One session with a gang of 2 trainer procs, a sharded reference and 2 generator replicas, on a host that
+pretends to have 4 GPUs: each proc runs with the GPUs the placement plan gave it, and live losses run on
+every rank (a bad one changes nothing)."""
 
 import psutil
 import pytest
@@ -14,7 +14,7 @@ SMALL = {"prompts_per_step": 4, "group_size": 4, "threads_per_proc": 1}
 @pytest.fixture(scope="module")
 def gang():
     """2 trainer procs and a sharded reference (KL on), on a host that pretends to have 4 GPUs."""
-    s = forge_nb.up(trainer_procs=2, gpus_per_host=4, kl_coef=0.05, **SMALL)
+    s = forge_nb.up(trainer_procs=2, generator_procs=2, gpus_per_host=4, kl_coef=0.05, **SMALL)
     yield s
     s.down()
     assert wait_no_children() == []
@@ -27,7 +27,7 @@ def test_each_proc_runs_with_the_gpus_the_plan_gave_it(gang):
         by_role.setdefault(row["role"], []).append(row)
     assert [r["devices"] for r in by_role["trainer"]] == [[0], [1]]
     assert [r["devices"] for r in by_role["reference"]] == [[0], [1]]  # sharded like the trainer, on its GPUs
-    assert [r["devices"] for r in by_role["generator"]] == [[2]] and by_role["reward"][0]["devices"] == []
+    assert [r["devices"] for r in by_role["generator"]] == [[2], [3]] and by_role["reward"][0]["devices"] == []
     for row in rows:
         env = psutil.Process(row["pid"]).environ()
         assert env["CUDA_VISIBLE_DEVICES"] == ",".join(map(str, row["devices"])), row

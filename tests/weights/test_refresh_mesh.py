@@ -37,6 +37,25 @@ def test_refresh_over_each_transport_gives_the_trainers_exact_weights(up, transp
     assert sums["generator"] == sums["trainer"]
 
 
+@pytest.mark.parametrize("transport", ["rdma", "shm", "tcp"])
+def test_two_trainer_ranks_to_two_generators_shard_direct_over_each_transport(up, transport):
+    """Each trainer rank publishes its own shards; each generator reads both ranks and serves whole
+    tensors equal to the trainer's (gathered), bit for bit, after every refresh."""
+    s = up(transport=transport, trainer_procs=2, generator_procs=2)
+    assert s.status()["trainer"]["refresh_bytes"] == report_bytes(s)
+    for version in (1, 2):
+        s.train(s.rollout())
+        report = s.sync()
+        assert (report["transport"], report["version"], report["replicas"]) == (transport, version, 2)
+        sums = s.checksums()
+        assert {c for _, c in sums["generator_replicas"]} == {sums["trainer"][1]}
+
+
+def report_bytes(s) -> int:
+    """What one refresh of one replica moves: every trainer rank's snapshot."""
+    return sum(i.details["refresh_bytes"] for i in s.actors.info["trainer"])
+
+
 def test_two_generator_replicas_refresh_in_parallel(up):
     s = up(generator_procs=2)
     assert len(set(s.pids["generator"])) == 2
