@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import psutil
@@ -102,13 +103,19 @@ class LocalMesh:
                 wait(proc_mesh.stop())
 
     def stop(self) -> list[str]:
-        """Stop every proc mesh (each stop waits for its processes to exit) -> errors, if any."""
-        errors = []
-        for role, proc_mesh in reversed(list(self.proc_meshes.items())):
+        """Stop every proc mesh, all at once (each stop waits ~1 s for its processes to exit: one after
+        the other, a session's down took 4 s) -> errors, if any."""
+
+        def stop(role: str) -> str | None:
             try:
-                wait(proc_mesh.stop())
+                self.proc_meshes[role].stop().get()
             except Exception as e:  # keep stopping the others; report what failed
-                errors.append(f"{role}: {e}")
+                return f"{role}: {e}"
+            return None
+
+        roles = list(reversed(self.proc_meshes))
+        with ThreadPoolExecutor(max(1, len(roles)), thread_name_prefix="forge_nb-stop") as pool:
+            errors = [e for e in pool.map(stop, roles) if e]  # a future's get() drives it: one thread each
         self.proc_meshes.clear()
         return errors
 

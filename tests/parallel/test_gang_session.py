@@ -46,8 +46,9 @@ def test_a_live_loss_runs_on_every_rank_and_a_bad_one_changes_nothing(gang):
     version = gang.set_loss(doubled)
     metrics = gang.train(gang.rollout())
     assert metrics["loss_version"] == version and metrics["grad_norm"] > 0
-    gang.sync()
-    assert gang.checksums()["trainer"] == gang.checksums()["generator"]
+    assert gang.sync()["replicas"] == 2
+    sums = gang.checksums()  # both replicas read both ranks' shards (shm) and serve the trainer's weights
+    assert {c for _, c in sums["generator_replicas"]} == {sums["trainer"][1]}
 
     def broken(logprobs, old_logprobs, advantages, mask, ref_logprobs):
         import torch.distributed

@@ -6,6 +6,7 @@ import os
 import signal
 import time
 
+import pandas as pd
 import psutil
 import pytest
 
@@ -18,15 +19,6 @@ SMALL = {"prompts_per_step": 4, "group_size": 4, "threads_per_proc": 1}
 ONE_FORWARD = {"micro_batch_tokens": 1 << 20}
 
 
-def _run(procs: int, steps: int = 3, **more):
-    s = forge_nb.up(trainer_procs=procs, **SMALL, **more)
-    try:
-        rows = s.step(steps)[["loss", "grad_norm", "mean_reward", "policy_version"]]
-        return rows, s.checksums()
-    finally:
-        s.down()
-
-
 def _same_rows(a, b) -> None:
     """Step rows of two runs: the same losses, rewards and versions; the gradient norm (float64, a sum of
     squares over shards in another order) to 1e-12 -- the clipping scale it gives is the same float32."""
@@ -34,24 +26,27 @@ def _same_rows(a, b) -> None:
     assert a["grad_norm"].to_numpy() == pytest.approx(b["grad_norm"].to_numpy(), rel=1e-12)
 
 
-def test_three_steps_at_two_procs_equal_one_proc():
-    one_rows, one_sums = _run(1, **ONE_FORWARD)
-    two_rows, two_sums = _run(2, **ONE_FORWARD)
-    _same_rows(two_rows, one_rows)
-    assert two_sums["trainer"] == one_sums["trainer"] == two_sums["generator"]  # every weight, bit for bit
-    assert wait_no_children() == []
+ROWS = ["loss", "grad_norm", "mean_reward", "policy_version"]
 
 
-def test_a_checkpoint_at_two_procs_resumes_at_one_and_two_bit_for_bit(tmp_path):
+def test_two_procs_take_the_one_proc_steps_and_a_checkpoint_resumes_at_one_and_two_bit_for_bit(tmp_path):
+    """4 steps at 1 proc; 4 at 2 procs with a checkpoint after the second: the same rows and every weight
+    bit for bit; the checkpoint (a shard file per rank) resumed at 1 and at 2 procs takes the same 2 steps."""
+    one = forge_nb.up(trainer_procs=1, **SMALL, **ONE_FORWARD)
+    try:
+        one_rows, one_sums = one.step(4)[ROWS], one.checksums()
+    finally:
+        one.down()
     s = forge_nb.up(trainer_procs=2, **SMALL, **ONE_FORWARD)
     try:
-        s.step(2)
+        first = s.step(2)[ROWS]
         saved = s.checksums()["trainer"]
         s.save(tmp_path / "ck")
-        s.step(2)
-        after = s.checksums()
+        two_rows, after = pd.concat([first, s.step(2)[ROWS]]), s.checksums()
     finally:
         s.down()
+    _same_rows(two_rows, one_rows)
+    assert after["trainer"] == one_sums["trainer"] == after["generator"]  # every weight, bit for bit
     assert len(list((tmp_path / "ck" / "trainer" / "sharded").glob("*.distcp"))) == 2  # a file per rank
     for procs in (1, 2):
         r = forge_nb.resume(tmp_path / "ck", trainer_procs=procs)
@@ -123,9 +118,10 @@ def test_a_rank_that_hangs_in_a_save_restarts_the_gang_and_the_save_says_so(tmp_
 
 
 @pytest.mark.slow
-def test_smollm2_at_two_procs_takes_the_one_proc_steps(tmp_path):
-    """The real SmolLM2-135M-Instruct (tied embeddings, chat prompts): 3 steps at 2 procs equal 1 proc's,
-    every weight bit for bit, and the generator serves them."""
+def test_smollm2_at_two_procs_trains_and_serves_whole_versions(tmp_path):
+    """The real SmolLM2-135M-Instruct (tied embeddings, chat prompts) at 2 procs: after each step the
+    generator serves, put together from both ranks' shards, the trainer's weights bit for bit (that the 2
+    ranks take the 1-rank steps: tests/parallel/test_policy.py, on the same model)."""
     from tests.test_real_model import write_dataset
 
     write_dataset(tmp_path / "sums.jsonl")
@@ -138,15 +134,13 @@ def test_smollm2_at_two_procs_takes_the_one_proc_steps(tmp_path):
         "max_tokens": 8,
         "lr": 1e-5,
         "threads_per_proc": 1,
-        **ONE_FORWARD,
     }
-    results = {}
-    for procs in (1, 2):
-        s = forge_nb.up(trainer_procs=procs, **real)
-        try:
-            results[procs] = (s.step(3)[["loss", "grad_norm", "mean_reward"]], s.checksums())
-        finally:
-            s.down()
-    _same_rows(results[2][0], results[1][0])
-    assert results[2][1]["trainer"] == results[1][1]["trainer"] == results[2][1]["generator"]
+    s = forge_nb.up(trainer_procs=2, **real)
+    try:
+        for version in (1, 2):
+            assert s.step(1).iloc[-1]["policy_version"] == version
+            sums = s.checksums()
+            assert sums["trainer"] == sums["generator"] == (version, sums["trainer"][1])
+    finally:
+        s.down()
     assert wait_no_children() == []

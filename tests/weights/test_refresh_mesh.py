@@ -26,47 +26,27 @@ def up():
     assert wait_no_children() == []
 
 
-@pytest.mark.parametrize("transport", ["rdma", "shm", "tcp"])
-def test_refresh_over_each_transport_gives_the_trainers_exact_weights(up, transport):
-    s = up(transport=transport)
-    assert s.status()["weights_transport"] == transport
-    s.train(s.rollout())
-    report = s.sync()
-    assert report["transport"] == transport and report["version"] == 1
-    sums = s.checksums()
-    assert sums["generator"] == sums["trainer"]
-
-
-@pytest.mark.parametrize("transport", ["rdma", "shm", "tcp"])
+@pytest.mark.parametrize("transport", ["rdma", "tcp"])
 def test_two_trainer_ranks_to_two_generators_shard_direct_over_each_transport(up, transport):
-    """Each trainer rank publishes its own shards; each generator reads both ranks and serves whole
-    tensors equal to the trainer's (gathered), bit for bit, after every refresh."""
+    """Each trainer rank publishes its own shards; both generator replicas (own procs, refreshed in
+    parallel) read both ranks and serve whole tensors equal to the trainer's, bit for bit, after every
+    refresh. (shm, the local default: tests/parallel/test_gang_session.py has the same shape; one trainer
+    proc: every other session of the suite.)"""
     s = up(transport=transport, trainer_procs=2, generator_procs=2)
+    assert s.status()["weights_transport"] == transport and len(set(s.pids["generator"])) == 2
     assert s.status()["trainer"]["refresh_bytes"] == report_bytes(s)
     for version in (1, 2):
         s.train(s.rollout())
         report = s.sync()
         assert (report["transport"], report["version"], report["replicas"]) == (transport, version, 2)
         sums = s.checksums()
+        assert [v for v, _ in sums["generator_replicas"]] == [version, version]
         assert {c for _, c in sums["generator_replicas"]} == {sums["trainer"][1]}
 
 
 def report_bytes(s) -> int:
     """What one refresh of one replica moves: every trainer rank's snapshot."""
     return sum(i.details["refresh_bytes"] for i in s.actors.info["trainer"])
-
-
-def test_two_generator_replicas_refresh_in_parallel(up):
-    s = up(generator_procs=2)
-    assert len(set(s.pids["generator"])) == 2
-    r = s.rollout()
-    assert len(r.episodes) == 16
-    s.train(r)
-    report = s.sync()
-    assert report["replicas"] == 2 and report["version"] == 1
-    sums = s.checksums()
-    assert [v for v, _ in sums["generator_replicas"]] == [1, 1]
-    assert {c for _, c in sums["generator_replicas"]} == {sums["trainer"][1]}
 
 
 @pytest.mark.parametrize("transport", ["shm", "rdma", "tcp"])
