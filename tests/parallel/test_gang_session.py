@@ -64,3 +64,21 @@ def test_a_live_loss_runs_on_every_rank_and_a_bad_one_changes_nothing(gang):
     assert gang.checksums()["trainer"] == before  # no rank stepped
     gang.set_loss(doubled)
     assert gang.step(1).iloc[-1]["policy_version"] == before[0] + 1
+
+
+def test_an_async_run_at_two_procs_logs_the_trainers_logprobs_of_every_trained_sample(gang):
+    """Async mode with a gang: batches trained within the staleness bound, and the rollout log holds the
+    trainer's logprobs of every trained sample (the whole batch's: each rank computed its rows, rank 0
+    answers with all of them)."""
+    first = gang.step_count + 1
+    run = gang.run(steps=3, mode="async", max_staleness=1)
+    run.wait(300)
+    assert run.state == "finished", run.error
+    assert run.done == 3 and max(run.staleness) <= 1
+    log = gang.state.rollout_log.read()
+    trained = log[log.trained & (log.step >= first)]
+    assert sorted(trained.step.unique()) == [first, first + 1, first + 2]
+    assert (trained.groupby("step").size() == 16).all()
+    assert trained.trainer_logprobs.map(len).eq(trained.num_tokens).all()
+    sums = gang.checksums()
+    assert sums["trainer"][0] == gang.trainer_version
