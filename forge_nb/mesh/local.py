@@ -114,8 +114,11 @@ class LocalMesh:
             return None
 
         roles = list(reversed(self.proc_meshes))
-        with ThreadPoolExecutor(max(1, len(roles)), thread_name_prefix="forge_nb-stop") as pool:
-            errors = [e for e in pool.map(stop, roles) if e]  # a future's get() drives it: one thread each
+        try:
+            with ThreadPoolExecutor(max(1, len(roles)), thread_name_prefix="forge_nb-stop") as pool:
+                errors = [e for e in pool.map(stop, roles) if e]  # a future's get() drives it: one thread each
+        except RuntimeError:  # at interpreter exit (the atexit hook) no pool takes work: one after the other
+            errors = [e for e in map(stop, roles) if e]
         self.proc_meshes.clear()
         return errors
 
