@@ -15,7 +15,7 @@ from forge_nb.config import AlgorithmConfig, Config, LoraConfig, TrainerConfig
 from forge_nb.live.capture import LiveCode, compile_function
 from forge_nb.live.validate import CheckFailed, check_loss_value
 from forge_nb.parallel.device import resolve_device
-from forge_nb.parallel.gang import Gang, GangError, collective_failed, collectives
+from forge_nb.parallel.gang import Gang, GangError, collectives
 from forge_nb.parallel.policy import Policy, PolicySpec
 from forge_nb.rl.batch import TrainBatch
 from forge_nb.rl.train_step import NonFiniteGradient
@@ -149,14 +149,15 @@ class Trainer(ForgeActor):
         nor versions change; if a collective fails (a rank died or hangs), `GangError`."""
         start = time.perf_counter()
         try:
-            metrics, logprobs = self.policy.update(
-                batch, self.loss_fn, self.algorithm.max_grad_norm, check_loss_value, self.loss_inert
-            )
+            with collectives(self.gang.rank):
+                metrics, logprobs = self.policy.update(
+                    batch, self.loss_fn, self.algorithm.max_grad_norm, check_loss_value, self.loss_inert
+                )
         except (CheckFailed, NonFiniteGradient) as e:
             raise LossFailed(f"loss v{self.loss_version} {e}; no optimizer step was taken") from None
+        except GangError:
+            raise
         except Exception as e:
-            if collective_failed(e):
-                raise GangError(f"trainer rank {self.gang.rank}: {type(e).__name__}: {e}") from None
             raise LossFailed(f"loss v{self.loss_version} raised {type(e).__name__}: {e}; no step was taken") from None
         stepped = time.perf_counter()
         self._publish(self.version + 1)

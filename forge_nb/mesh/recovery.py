@@ -57,7 +57,7 @@ class Supervised:
         try:
             return call()
         except (SupervisionError, ActorError) as e:
-            if isinstance(e, ActorError) and not isinstance(e.exception, GangError):
+            if not procs_lost(e):
                 raise
             cause = cause_of(e)
             self.respawn("trainer", cause)
@@ -70,7 +70,7 @@ class Supervised:
         try:
             return call()
         except (SupervisionError, ActorError) as e:
-            if isinstance(e, ActorError) and not isinstance(e.exception, GangError):
+            if not procs_lost(e):
                 raise
             with self._recovering:
                 if self._respawned_at.get(role, 0.0) < started:  # else another thread has just respawned it
@@ -150,6 +150,12 @@ class Supervised:
                 raise
             # The trainer published two versions since (async): that one is overwritten; serve the newest.
             self._refresh(self.versions.trained)
+
+
+def procs_lost(error: SupervisionError | ActorError) -> bool:
+    """Whether a failed call lost its role's procs: Monarch reported them dead, or a gang's collective
+    failed (`GangError`); not an error the actor raised and survived."""
+    return not isinstance(error, ActorError) or isinstance(error.exception, GangError)
 
 
 def cause_of(error: Exception) -> str:
