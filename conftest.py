@@ -8,10 +8,10 @@ How the suite is split (README, "The test suite"): every item gets, at collectio
 an xdist group, so a new test file needs no opt-in.
 
 - group: its own file (a module's fixtures, e.g. its one mesh, start once, on one worker; a notebook's
-  cells run in order in one kernel), but every item that starts the one-node Slurm (fixed ports) shares
+  cells run in order in one kernel), but every item that starts the test Slurm (fixed ports) shares
   the group "slurm", so two clusters never run at once. `make test` runs `pytest -n 2 --dist loadgroup`;
   pytest_xdist_make_scheduler below hands out whole groups (xdist's own loadgroup does not, see there).
-- markers: `tutorial` (a notebook cell under nbval), `slurm` (starts the local Slurm), `browser`
+- markers: `tutorial` (a notebook cell under nbval), `slurm` (starts the test Slurm), `browser`
   (JupyterLab in Chromium), `mesh` (its file starts a local mesh), `netns` (namespace hosts); `make test-fast`
   deselects those and `slow`.
 """
@@ -38,7 +38,7 @@ if "FORGE_NB_RUNS" not in os.environ:
 
 MARKERS = {
     "tutorial": "a tutorial's cell, executed by nbval (make test-fast leaves these out)",
-    "slurm": "starts the one-node Slurm of tests/slurm_cluster.py (one at a time: fixed ports)",
+    "slurm": "starts the three-node Slurm of tests/slurm_cluster.py (one at a time: fixed ports)",
     "browser": "JupyterLab in Chromium (Playwright)",
     "mesh": "in a file that starts a local Monarch mesh (forge_nb.up / resume, %forge up, the `session` fixture)",
     "netns": "makes network-namespace hosts (forge_nb.tools.netns_hosts, root; skipped where they cannot be made)",

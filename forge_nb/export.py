@@ -12,7 +12,9 @@
 - ``run.py``: `forge_nb/recipes/run.py`, copied verbatim: ``python run.py [--steps N]`` starts the
   session, makes that reward and loss live, steps, writes ``metrics.csv`` and ``result.json`` (the
   config it ran, live-code versions, final numbers).
-- ``run.sbatch``: the Slurm options of ``config.slurm`` around ``python run.py``.
+- ``run.sbatch``: the Slurm options of ``config.slurm`` around ``python run.py``. A job of several
+  nodes (``slurm.nodes``) starts a forge_nb worker on each (``srun``) and runs ``run.py --hosts`` with
+  them: the session's shape (``mesh.trainer_hosts``, ``mesh.generator_hosts``) over the job's nodes.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import yaml
 from forge_nb.config import Config
 from forge_nb.live.builtin import builtin_loss, builtin_reward
 from forge_nb.live.registry import Member
+from forge_nb.mesh.placement import slurm_nodes
 
 RUN_SCRIPT = Path(__file__).parent / "recipes" / "run.py"
 
@@ -93,12 +96,15 @@ def run_hint(out: Path) -> str:
 
 
 def sbatch_script(config: Config, out: Path) -> str:
-    """#SBATCH lines from `config.slurm` (one node: the exported run uses a local mesh there)."""
+    """#SBATCH lines from `config.slurm` around run.py: on one node it runs a local mesh there; on
+    several, a worker on each node and the run as a hosts mesh over them (`_multi_node`)."""
     s = config.slurm
+    nodes = slurm_nodes(config)
     lines = [
         "#!/bin/bash",
         "#SBATCH --job-name=forge_nb_export",
-        "#SBATCH --nodes=1",
+        f"#SBATCH --nodes={nodes}",
+        "#SBATCH --ntasks-per-node=1",
         f"#SBATCH --output={out / 'run_%j.out'}",
         f"#SBATCH --chdir={out}",
     ]
@@ -111,5 +117,21 @@ def sbatch_script(config: Config, out: Path) -> str:
     }
     lines += [f"#SBATCH {flag}={value}" for flag, value in options.items() if value]
     lines += [f"#SBATCH {arg}" for arg in s.sbatch_args]
-    lines += ["", "set -euo pipefail", f"exec {shlex.quote(sys.executable)} {shlex.quote(str(out / 'run.py'))}", ""]
-    return "\n".join(lines)
+    python, run = shlex.quote(sys.executable), shlex.quote(str(out / "run.py"))
+    lines += ["", "set -euo pipefail"]
+    lines += _multi_node(python, run) if nodes > 1 else [f"exec {python} {run}"]
+    return "\n".join([*lines, ""])
+
+
+def _multi_node(python: str, run: str) -> list[str]:
+    """A forge_nb worker on every node of the job (one srun step, at the node's name and a port derived
+    from the job id), then run.py on the first node with all of them as its hosts."""
+    worker = f"exec {python} -m forge_nb.mesh.worker tcp://$(hostname):$PORT"
+    return [
+        "export PORT=$((20000 + SLURM_JOB_ID % 20000))",
+        f"srun --ntasks-per-node=1 sh -c {shlex.quote(worker)} &",
+        "WORKERS=$!",
+        "trap 'kill $WORKERS 2>/dev/null || true' EXIT",
+        'HOSTS=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | sed "s|.*|tcp://&:$PORT|" | paste -sd, -)',
+        f'{python} {run} --hosts "$HOSTS"',
+    ]

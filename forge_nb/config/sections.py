@@ -118,6 +118,9 @@ class MeshConfig:
     generator_procs: int = 1  # generator replicas: prompts are split over them; refreshes run in parallel
     trainer_procs: int = 1  # > 1: the trainer is a gang of this many procs, FSDP2 over one process group
     reward_procs: int = 1
+    trainer_hosts: int = 1  # hosts (a Slurm job's nodes) the trainer's procs are spread over, evenly
+    generator_hosts: int = 0  # hosts the generator replicas are spread over after the trainer's (0: as many as
+    # divide mesh.generator_procs evenly and are free); the reward procs take the next host, or share the last one
     threads_per_proc: int = 2  # torch intra-op threads in each actor proc (phases run one at a time)
     gpus_per_host: int = -1  # GPUs the placement plan may give out on each host (-1: as many as this host has)
     share_gpus: str = "auto"  # "no": a GPU per trainer proc and engine.tensor_parallel_size per replica, or a
@@ -132,6 +135,8 @@ class MeshConfig:
         _at_least("mesh.reward_procs", self.reward_procs, 1)
         _at_least("mesh.generator_procs", self.generator_procs, 1)
         _at_least("mesh.trainer_procs", self.trainer_procs, 1)
+        _at_least("mesh.trainer_hosts", self.trainer_hosts, 1)
+        _at_least("mesh.generator_hosts", self.generator_hosts, 0)
         _at_least("mesh.threads_per_proc", self.threads_per_proc, 1)
         _at_least("mesh.gpus_per_host", self.gpus_per_host, -1)
         _choice("mesh.share_gpus", self.share_gpus, ("auto", "no", "yes"))
@@ -183,8 +188,9 @@ class AlgorithmConfig:
 class SlurmConfig:
     """Where `mesh.kind="slurm"` runs: one Slurm job (Monarch workers on its nodes) per session."""
 
-    nodes: int = 1  # 1: every role on one node; 3 with separate_hosts
-    separate_hosts: bool = False  # generator, trainer and reward each on a node of their own
+    nodes: int = 1  # nodes of the job: 1 holds every role; more are shared out by mesh.trainer_hosts and
+    # mesh.generator_hosts (mesh.placement), every node used
+    separate_hosts: bool = False  # older configs' 3-node shape (generator, trainer, reward a node each): nodes=3
     gpus_per_node: int = 0
     partition: str = ""  # "" = the cluster's default partition
     time_limit: str = "01:00:00"
@@ -199,11 +205,12 @@ class SlurmConfig:
     log_dir: str = "slurm_logs"  # sbatch output of the workers (relative to the working directory)
 
     def validate(self) -> None:
-        if self.nodes != (3 if self.separate_hosts else 1):
+        _at_least("slurm.nodes", self.nodes, 1)
+        if self.separate_hosts and self.nodes not in (1, 3):
             raise ConfigError(
-                f"slurm.nodes must be 1 (every role on one node) or 3 with slurm.separate_hosts=true "
-                f"(generator, trainer, reward on a node each); got {self.nodes}"
-                f"{' with separate_hosts' if self.separate_hosts else ''}"
+                f"slurm.separate_hosts puts the generator, trainer and reward on a node each (3 nodes); got "
+                f"slurm.nodes={self.nodes}: leave separate_hosts out and shape the job with mesh.trainer_hosts "
+                "and mesh.generator_hosts"
             )
         _at_least("slurm.gpus_per_node", self.gpus_per_node, 0)
         if not self.start_timeout_s > 0:

@@ -4,9 +4,11 @@ Each host runs a Monarch worker (``python -m forge_nb.mesh.worker tcp://ADDRESS:
 ssh, by a scheduler, or in a network namespace by `forge_nb.tools.netns_hosts`), and `mesh.hosts`
 lists their addresses. The kernel attaches to them (`monarch.actor.attach_to_workers`, as Monarch's
 own SSH and process jobs do) and spawns each role's procs there, exactly as `LocalMesh` does on this
-host, on the hosts the placement plan gives (`mesh.placement`: the trainer and a reference model on
-the first host; generator replicas on the others, round robin; reward procs, judges and the live-code
-checker on the last host; with one host every role runs on it).
+host, on the hosts the placement plan gives (`mesh.placement.shape`: the trainer and a reference model
+on the first `mesh.trainer_hosts` hosts; generator replicas on the next; reward procs, judges and the
+live-code checker on the last host; with one host every role runs on it). `PlacedMesh` is that part,
+shared with the Slurm mesh, and the check that a host is gone (`HostLost`) before procs are started
+there again.
 
 The workers dial the kernel back, so the kernel must listen on TCP at an address they reach: the one
 its routing table picks towards the first host. Monarch fixes a process's transport at its first
@@ -16,13 +18,14 @@ call, so a hosts session must be the first Monarch use of its kernel (`HostsErro
 from __future__ import annotations
 
 import socket
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 from urllib.parse import urlparse
 
 from monarch.actor import attach_to_workers, enable_transport
 
 from forge_nb.mesh.calls import wait
-from forge_nb.mesh.local import LocalMesh
+from forge_nb.mesh.local import STOP_TIMEOUT_S, LocalMesh
 from forge_nb.mesh.placement import Placement
 
 ATTACH_TIMEOUT_S = 60.0
@@ -50,37 +53,37 @@ def route_source(host: str, port: int) -> str:
         return probe.getsockname()[0]
 
 
-class HostsMesh(LocalMesh):
-    """`LocalMesh` whose roles start on the workers at `hosts` (tcp://HOST:PORT each)."""
+class HostLost(RuntimeError):
+    """A host (a Slurm node) of the mesh stopped answering with procs of the session on it; the message
+    names it, the roles it held, any other host that went with it, and what still holds the policy."""
+
+
+PROBE_TIMEOUT_S = 3.0
+
+
+def answers(address: str, port: int, timeout: float = PROBE_TIMEOUT_S) -> bool:
+    """Whether a host's worker still takes TCP connections at address:port."""
+    try:
+        with socket.create_connection((address, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+class PlacedMesh(LocalMesh):
+    """`LocalMesh` over several hosts (`hosts`, one Monarch host mesh): each role's procs start on the
+    hosts the placement plan gives it. `names` label the hosts, `addresses` are where each answers."""
 
     shares_cores = False  # other hosts: their workers keep their own environment
 
-    def __init__(self, hosts: list[str], placement: Placement) -> None:
+    def __init__(self, placement: Placement | None) -> None:
         super().__init__(placement)
-        self.addresses = [parse_host(h) for h in hosts]
-        if not self.addresses:
-            raise HostsError("mesh.kind='hosts' needs mesh.hosts: the tcp://HOST:PORT of each host's worker")
-        listen = route_source(*self.addresses[0])
-        try:
-            enable_transport(f"tcp://{listen}:0")
-        except RuntimeError as e:
-            raise HostsError(
-                f"mesh.kind='hosts' needs this kernel to use Monarch over TCP (at {listen}), but Monarch "
-                f"already runs here over another transport ({e}). Restart the kernel and start the hosts "
-                "session before any local one."
-            ) from None
-        self._placed: dict[str, list[int]] = {}
-        self.hosts = attach_to_workers(
-            ca="trust_all_connections", workers=[f"tcp://{h}:{p}" for h, p in self.addresses]
-        )
-        try:
-            wait(self.hosts.initialized, ATTACH_TIMEOUT_S)
-        except Exception as e:
-            raise HostsError(
-                f"could not attach to the workers at {hosts} in {ATTACH_TIMEOUT_S:.0f} s ({type(e).__name__}: {e}); "
-                "is `python -m forge_nb.mesh.worker tcp://HOST:PORT` running on each, reachable from "
-                f"{listen}?"
-            ) from None
+        self.hosts: Any = None  # a subclass attaches them
+        self.names: list[str] = []
+        self.addresses: list[str] = []
+        self.ports: list[int] = []  # each host's worker port (its liveness probe)
+        self.gone: set[int] = set()  # hosts found lost
+        self._placed: dict[str, list[int]] = {}  # each running role -> the host index of each of its procs
 
     def host_indices(self, role: str, procs: int) -> list[int]:
         """The hosts `role`'s `procs` procs start on (one entry per proc, host-major: the plan's)."""
@@ -88,13 +91,72 @@ class HostsMesh(LocalMesh):
 
     def master_addr(self, role: str) -> str | None:
         """Where `role`'s gang meets: the address of its first proc's host (which the other hosts reach)."""
-        return self.addresses[self.placement.host_indices(role)[0]][0]
+        return self.addresses[self.placement.host_indices(role)[0]]
 
     def placed(self) -> dict[str, list[str]]:
-        """Each running role -> the hosts (HOST:PORT) of its procs, for `Session.status`."""
-        return {
-            role: [f"{h}:{p}" for h, p in (self.addresses[i] for i in where)] for role, where in self._placed.items()
-        }
+        """Each running role -> the host of each of its procs, for `Session.status`."""
+        return {role: [self.names[i] for i in where] for role, where in self._placed.items()}
+
+    def roles_on(self, host: int) -> list[str]:
+        """The running roles with a proc on host index `host`."""
+        return [role for role, where in self._placed.items() if host in where]
+
+    def lost(self, hosts: list[int] | None = None) -> list[int]:
+        """Those of `hosts` (default: every host) whose worker no longer answers, probed all at once."""
+        hosts = list(range(len(self.addresses))) if hosts is None else hosts
+        if not hosts:
+            return []
+        with ThreadPoolExecutor(len(hosts)) as pool:
+            up = list(pool.map(lambda h: answers(self.addresses[h], self.ports[h]), hosts))
+        return [h for h, ok in zip(hosts, up) if not ok]
+
+    def failed_first(self, lost: list[int]) -> list[int]:
+        """Those of the `lost` hosts that failed themselves (a subclass asks the scheduler), not through another."""
+        return lost
+
+    def describe_host(self, host: int) -> str:
+        """How host index `host` is known, for a message (a subclass adds the scheduler's view)."""
+        return f"{self.names[host]} (its worker at {self.addresses[host]}:{self.ports[host]} does not answer)"
+
+    def check_hosts(self, role: str) -> None:
+        """Before `role`'s procs are started again: raise `HostLost` when a host of the mesh is gone,
+        naming each lost host and the roles it held (every host is probed: in a Slurm job one node's
+        loss ends the job step that runs every node's worker, and the procs there with it)."""
+        lost = self.lost()
+        if not lost:
+            return
+        self.gone |= set(lost)
+        first = self.failed_first(lost)
+        where = "; ".join(f"{self.describe_host(h)} held {', '.join(self.roles_on(h)) or 'nothing'}" for h in first)
+        if len(first) < len(lost):
+            also = ", ".join(
+                f"{self.names[h]} ({', '.join(self.roles_on(h)) or 'nothing'})" for h in lost if h not in first
+            )
+            where += f"; the workers on {also} do not answer either"
+        trainer_alive = not self.gone & set(self._placed.get("trainer", []))
+        keep = (
+            "the trainer's procs still run: s.save(PATH) keeps its weights, then `%forge down` and start again"
+            if trainer_alive
+            else "the trainer went with it: `%forge down`, then start again from the last checkpoint (forge_nb.resume)"
+        )
+        raise HostLost(
+            f"lost: {where}. The run stopped: no proc is started on a host that is gone ({role} would be); {keep}"
+        )
+
+    def stop(self) -> list[str]:
+        """Stop every proc mesh -> errors, if any. A role with procs on a host that is gone is no error:
+        what it has on hosts still up gets the stop, waited for `STOP_TIMEOUT_S` at most."""
+        self.gone |= set(self.lost()) if self.addresses else set()
+        hit = [r for r, where in self._placed.items() if self.gone & set(where) and r in self.proc_meshes]
+        for role in hit:
+            proc_mesh = self.proc_meshes.pop(role)
+            if set(self._placed[role]) <= self.gone:
+                continue  # nothing of it is left to stop
+            try:
+                wait(proc_mesh.stop(), STOP_TIMEOUT_S)
+            except Exception:
+                pass  # the procs on the lost host cannot answer; the others got the stop
+        return super().stop()
 
     def spawn(self, role: str, actor_class: type, spec: Any, procs: int = 1, gang: bool = False) -> Any:
         """Start `procs` procs for `role` on its hosts -> the actor mesh, one dimension "procs"."""
@@ -108,3 +170,33 @@ class HostsMesh(LocalMesh):
         proc_mesh = host_mesh.spawn_procs(per_host=per_host, name=role, **self._bootstrap(role))
         self._placed[role] = [first + i for i in range(count) for _ in range(procs // count)]
         return self._start(role, proc_mesh, actor_class, spec, gang).flatten("procs")
+
+
+class HostsMesh(PlacedMesh):
+    """`PlacedMesh` on the workers at `hosts` (tcp://HOST:PORT each)."""
+
+    def __init__(self, hosts: list[str], placement: Placement) -> None:
+        super().__init__(placement)
+        parsed = [parse_host(h) for h in hosts]
+        if not parsed:
+            raise HostsError("mesh.kind='hosts' needs mesh.hosts: the tcp://HOST:PORT of each host's worker")
+        self.addresses, self.ports = [h for h, _ in parsed], [p for _, p in parsed]
+        self.names = [f"{h}:{p}" for h, p in parsed]
+        listen = route_source(*parsed[0])
+        try:
+            enable_transport(f"tcp://{listen}:0")
+        except RuntimeError as e:
+            raise HostsError(
+                f"mesh.kind='hosts' needs this kernel to use Monarch over TCP (at {listen}), but Monarch "
+                f"already runs here over another transport ({e}). Restart the kernel and start the hosts "
+                "session before any local one."
+            ) from None
+        self.hosts = attach_to_workers(ca="trust_all_connections", workers=[f"tcp://{h}:{p}" for h, p in parsed])
+        try:
+            wait(self.hosts.initialized, ATTACH_TIMEOUT_S)
+        except Exception as e:
+            raise HostsError(
+                f"could not attach to the workers at {hosts} in {ATTACH_TIMEOUT_S:.0f} s ({type(e).__name__}: {e}); "
+                "is `python -m forge_nb.mesh.worker tcp://HOST:PORT` running on each, reachable from "
+                f"{listen}?"
+            ) from None

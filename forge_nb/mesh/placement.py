@@ -5,10 +5,12 @@ carry it out (`mesh.local`, `mesh.hosts`, `mesh.slurm` read each proc's host and
 and `Session.status()`, `%forge status` and the sidebar print it. A plan that cannot fit is a
 `ConfigError` naming the counts.
 
-Hosts, by `mesh.kind`: "local" is this host; "hosts" places the trainer (and a reference model) on the
-first host, generator replicas round robin on the others and the reward procs, judges, env procs and the
-live-code checker on the last one (one host: everything there); "slurm" is one node, or with
-`slurm.separate_hosts` a generator, a trainer and a reward node.
+Hosts, by `mesh.kind`: "local" is this host, "hosts" the workers at `mesh.hosts`, "slurm" the
+`slurm.nodes` nodes of the session's job. On several, the trainer (and a reference model) takes the
+first `mesh.trainer_hosts`, its procs spread evenly; the generator replicas the next
+`mesh.generator_hosts` (by default as many as divide the replicas evenly); the reward procs, judges,
+env procs and the live-code checker the last host, beside the last replicas when no host is left
+(`shape`). One host holds everything. A Slurm shape that leaves a node idle is a `ConfigError`.
 
 GPUs, on each host that has some (and `model.device` is not "cpu"): every trainer proc gets one, each
 generator replica `engine.tensor_parallel_size` of its own after them; a reference model's proc i
@@ -30,7 +32,6 @@ from forge_nb.config import Config, ConfigError
 GANGS = ("trainer", "reference")
 #: Roles spawned later, by name family ("judge", "judge-2", ...): where they go, never GPUs.
 _BESIDE_REWARD = ("judge", "env", "live_check")
-_SLURM_NODES = ("generator", "trainer", "reward")  # the nodes of a slurm.separate_hosts job, in order
 
 
 @dataclass(frozen=True)
@@ -132,21 +133,64 @@ def plan(config: Config, hosts: list[Host]) -> Placement:
 
 def _hosts_of(config: Config, role: str, procs: int, hosts: int) -> list[int]:
     """The host index of each of `role`'s procs, host-major (a mesh spawns the same count on each of a
-    role's hosts: a layout that does not divide evenly goes on the first of them)."""
-    if config.mesh.kind == "slurm" and config.slurm.separate_hosts:
-        node = _SLURM_NODES.index("trainer" if role == "reference" else role)
-        return [node] * procs
+    role's hosts), by `shape`."""
+    trainer, generator = shape(config, hosts)
     if hosts == 1:
         return [0] * procs
-    if role in ("trainer", "reference"):
-        return [0] * procs
+    if role in GANGS:
+        return _spread(trainer, procs)
     if role == "generator":
-        others = list(range(1, hosts))
-        used = sorted({others[i % len(others)] for i in range(procs)})
-        if procs % len(used):
-            return [used[0]] * procs
-        return [h for h in used for _ in range(procs // len(used))]
+        return _spread(generator, procs)
     return [hosts - 1] * procs
+
+
+def _spread(hosts: list[int], procs: int) -> list[int]:
+    return [h for h in hosts for _ in range(procs // len(hosts))]
+
+
+def shape(config: Config, hosts: int) -> tuple[list[int], list[int]]:
+    """(the trainer's hosts, the generator replicas' hosts) of a mesh of `hosts` hosts: the trainer on the
+    first `mesh.trainer_hosts`, the replicas on the next `mesh.generator_hosts` (0: the most hosts that
+    divide `mesh.generator_procs` evenly and are free); the reward procs (and judges, env procs, the
+    checker) on the last host, beside the last replicas when no host is left. One host holds everything.
+    Raises `ConfigError` for a shape that cannot be placed, and in a Slurm job for nodes it would leave idle."""
+    m = config.mesh
+    if hosts == 1:
+        if m.trainer_hosts > 1 or m.generator_hosts > 1:
+            raise ConfigError(
+                f"mesh.trainer_hosts={m.trainer_hosts}, mesh.generator_hosts={m.generator_hosts}: the mesh has "
+                f"1 host{_nodes_hint(config)}"
+            )
+        return [0], [0]
+    trainers, free = m.trainer_hosts, hosts - m.trainer_hosts
+    if free < 1:
+        raise ConfigError(
+            f"mesh.trainer_hosts={trainers} leaves no host for the generator: the mesh has {hosts}{_nodes_hint(config)}"
+        )
+    if m.trainer_procs % trainers:
+        raise ConfigError(
+            f"mesh.trainer_procs={m.trainer_procs} cannot be spread evenly over mesh.trainer_hosts={trainers} "
+            "(each host runs the same number of the trainer's procs)"
+        )
+    replicas = m.generator_procs
+    generators = m.generator_hosts or max(d for d in range(1, min(free, replicas) + 1) if replicas % d == 0)
+    if generators > free or replicas % generators:
+        raise ConfigError(
+            f"mesh.generator_hosts={generators}: {free} host(s) are left after the trainer's {trainers} and "
+            f"mesh.generator_procs={replicas} must spread evenly over them"
+        )
+    idle = hosts - trainers - generators - 1
+    if config.mesh.kind == "slurm" and idle > 0:
+        raise ConfigError(
+            f"slurm.nodes={hosts} but the shape uses {hosts - idle}: trainer {trainers} node(s) "
+            f"(mesh.trainer_hosts), generator {generators} (mesh.generator_hosts, mesh.generator_procs={replicas}), "
+            "reward procs 1; ask for fewer nodes or spread the trainer or the generator over more"
+        )
+    return list(range(trainers)), list(range(trainers, trainers + generators))
+
+
+def _nodes_hint(config: Config) -> str:
+    return " (slurm.nodes)" if config.mesh.kind == "slurm" else " (mesh.hosts)" if config.mesh.kind == "hosts" else ""
 
 
 def _devices(config: Config, host: Host, here: dict[str, int]) -> tuple[dict[str, list[tuple[int, ...]]], bool]:
@@ -181,15 +225,20 @@ def hosts_for(config: Config, names: list[str] | None = None) -> list[Host]:
     taken to be alike). `names`: the hosts' names when known (a Slurm job's nodes, the workers)."""
     m = config.mesh
     if m.kind == "slurm":
-        count = 3 if config.slurm.separate_hosts else 1
+        count = slurm_nodes(config)
         gpus = config.slurm.gpus_per_node if m.gpus_per_host < 0 else m.gpus_per_host
-        default = list(_SLURM_NODES) if config.slurm.separate_hosts else ["node"]
+        default = [f"node{i}" for i in range(count)] if count > 1 else ["node"]
     else:
         count = len(m.hosts) if m.kind == "hosts" else 1
         gpus = m.gpus_per_host if m.gpus_per_host >= 0 else _local_gpus()
         default = m.hosts if m.kind == "hosts" else ["localhost"]
     names = names or default
     return [Host(names[i] if i < len(names) else f"host{i}", gpus) for i in range(count)]
+
+
+def slurm_nodes(config: Config) -> int:
+    """The nodes a Slurm session's job asks for (`slurm.separate_hosts`, from older configs: 3)."""
+    return 3 if config.slurm.separate_hosts else config.slurm.nodes
 
 
 def _local_gpus() -> int:

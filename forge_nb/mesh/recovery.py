@@ -92,6 +92,9 @@ class Supervised:
             self._respawn(role, cause)
 
     def _respawn(self, role: str, cause: str) -> None:
+        check_hosts = getattr(self.mesh, "check_hosts", None)
+        if check_hosts is not None:  # several hosts: one that is gone is reported, not started on again
+            check_hosts(role)
         if role == "trainer":
             return self._restore_trainer(cause)
         old = self.local_pids(role)

@@ -36,7 +36,7 @@ from forge_nb.mesh.checker import Checker
 from forge_nb.mesh.envs import EnvPool
 from forge_nb.mesh.judges import JudgePool
 from forge_nb.mesh.local import LocalMesh
-from forge_nb.mesh.placement import Placement, hosts_for, plan
+from forge_nb.mesh.placement import Placement, hosts_for, plan, slurm_nodes
 from forge_nb.mesh.recovery import Supervised, cause_of
 from forge_nb.mesh.slurm import SlurmMesh
 from forge_nb.mesh.supervision import SupervisionError
@@ -90,6 +90,7 @@ class Roles(Supervised):
         self.placement = plan(config, hosts_for(config))  # before anything starts: a ConfigError if it cannot fit
         supervision.install()  # failures reach the session, not the kernel's main thread
         self.mesh = mesh = _start_mesh(config, self.placement)
+        self.placement = mesh.placement
         try:  # every role's actors on the mesh, from one spec each
             m, self.kind = config.mesh, config.mesh.kind
             self.reward_timeout_s, self.threads = config.live.timeout_s, m.threads_per_proc
@@ -155,7 +156,7 @@ class Roles(Supervised):
         return {
             "mesh": self.kind,
             "slurm_job": job,
-            **({"hosts": self.mesh.placed()} if self.kind == "hosts" else {}),
+            **({"hosts": self.mesh.placed()} if hasattr(self.mesh, "placed") else {}),
             "procs": self.pids,
             "placement": self.placement_rows(),
             "engine": self.engine,
@@ -349,7 +350,11 @@ def _start_mesh(config: Config, placement: Placement) -> LocalMesh:
         from forge_nb.mesh.hosts import HostsMesh
 
         return HostsMesh(config.mesh.hosts, placement)
-    return LocalMesh(placement) if config.mesh.kind == "local" else SlurmMesh(config.slurm, placement)
+    if config.mesh.kind == "local":
+        return LocalMesh(placement)
+    mesh = SlurmMesh(config.slurm, placement, slurm_nodes(config))
+    mesh.placement = plan(config, hosts_for(config, mesh.names))  # the same plan, named after the job's nodes
+    return mesh
 
 
 def _with_stream_options(manifest: WeightManifest, weights: WeightsConfig) -> WeightManifest:

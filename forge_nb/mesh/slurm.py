@@ -1,8 +1,11 @@
-"""Slurm mesh: the session's roles in procs on the nodes of one Slurm job, via `monarch.job.SlurmJob`.
+"""Slurm mesh: the session's roles in procs on the `slurm.nodes` nodes of one Slurm job, via
+`monarch.job.SlurmJob`.
 
 The job runs Monarch workers (one per node, started by `srun`); the kernel attaches to them over TCP
-and spawns each role's procs there, exactly as `LocalMesh` does on this host. Actors therefore see
-the job's environment (``SLURM_JOB_ID``, GPUs granted by ``--gpus-per-node``).
+at each node's ``NodeAddr`` and spawns each role's procs on the nodes the placement plan gives
+(`mesh.placement.shape`: the trainer's gang over the first `mesh.trainer_hosts` nodes, generator
+replicas on the next, the reward procs on the last), exactly as `HostsMesh` does on its hosts. Actors
+therefore see the job's environment (``SLURM_JOB_ID``, GPUs granted by ``--gpus-per-node``).
 
 `Slurm2205Job` bridges Monarch 0.7.0's `SlurmJob`, which reads ``squeue --json`` as Slurm >= 23.02
 writes it, to Slurm 22.05 (Debian 12): there ``--job N`` does not filter the JSON, and a running job's
@@ -23,15 +26,14 @@ import sys
 import time
 from typing import Any
 
-from monarch.config import configure
-from monarch.job import SERVICE_PROC_IDS_ENV, SlurmJob, deserialize_service_proc_ids
+from monarch.actor import attach_to_workers, enable_transport
+from monarch.job import SERVICE_PROC_IDS_ENV, SlurmJob, deserialize_service_proc_ids, service_proc_addrs
 
 from forge_nb.config import SlurmConfig
-from forge_nb.mesh.local import LocalMesh
+from forge_nb.mesh.calls import wait
+from forge_nb.mesh.hosts import ATTACH_TIMEOUT_S, PlacedMesh, route_source
 from forge_nb.mesh.placement import Placement
 
-ROLES = ("generator", "trainer", "reward")
-_SHARES_NODE = {"reference": "trainer", "judge": "reward", "live_check": "reward"}  # role -> whose node it runs on
 _TERMINAL = ("FAILED", "CANCELLED", "TIMEOUT", "PREEMPTED", "COMPLETED", "NODE_FAIL", "OUT_OF_MEMORY")
 
 
@@ -116,6 +118,17 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def on_this_machine(address: str) -> bool:
+    """Whether `address` is one of this machine's own (in this network namespace): a node there shares
+    the kernel's network, Unix sockets included."""
+    try:
+        with socket.socket() as sock:
+            sock.bind((address, 0))
+        return True
+    except OSError:
+        return False
+
+
 def hostname_is_routable() -> bool:
     """Whether this host's name resolves to an address other hosts could dial (not loopback)."""
     try:
@@ -130,23 +143,27 @@ def partitions() -> list[str]:
     return [p.rstrip("*") for p in out.stdout.split()]
 
 
-class SlurmMesh(LocalMesh):
-    """`LocalMesh` whose roles start on the nodes of a Slurm job; `stop()` also cancels the job."""
+def node_addresses(names: list[str]) -> list[str]:
+    """Each node's ``NodeAddr`` (what slurmctld itself dials; the name when Slurm has no other)."""
+    out = subprocess.run(["scontrol", "show", "node", "-o", ",".join(names)], capture_output=True, text=True)
+    found = dict(re.findall(r"NodeName=(\S+).*?NodeAddr=(\S+)", out.stdout))
+    return [found.get(name, name) for name in names]
 
-    shares_cores = False  # other hosts: their workers keep their own environment
 
-    def __init__(self, cfg: SlurmConfig, placement: Placement | None = None) -> None:
+class SlurmMesh(PlacedMesh):
+    """`PlacedMesh` on the `slurm.nodes` nodes of a Slurm job; `stop()` also cancels the job."""
+
+    def __init__(self, cfg: SlurmConfig, placement: Placement | None = None, nodes: int = 1) -> None:
         super().__init__(placement)
-        self.cfg = cfg
+        self.cfg, self.nodes = cfg, nodes
         missing = [tool for tool in ("sbatch", "squeue", "scancel", "scontrol") if shutil.which(tool) is None]
         if missing:
             raise SlurmError(
                 f"{', '.join(missing)} not found: mesh.kind='slurm' needs Slurm's client tools on PATH "
                 "(run the kernel on a Slurm login or submit host)"
             )
-        meshes = {role: 1 for role in ROLES} if cfg.separate_hosts else {"node": 1}
         self.job = Slurm2205Job(
-            meshes=meshes,
+            meshes={"node": nodes},
             python_exe=sys.executable,
             slurm_args=list(cfg.sbatch_args),
             monarch_port=cfg.port or free_port(),
@@ -160,18 +177,13 @@ class SlurmMesh(LocalMesh):
             account=cfg.account or None,
             qos=cfg.qos or None,
         )
-        if not hostname_is_routable():
-            # SlurmJob sets the client's transport to "TCP at my hostname", which Monarch refuses when the
-            # name resolves to loopback only. Then no other host could reach us anyway: the cluster is
-            # this machine, so listen on loopback explicitly.
-            configure(default_transport="tcp://127.0.0.1:0")
         if cfg.job_id:
             self._adopt(cfg.job_id)
         else:
             self._submit()
         self.job_id: str = self.job._slurm_job_id
         try:
-            self.hosts = self.job.state(cached_path=None)
+            self._attach()
         except SlurmError:
             raise
         except Exception as e:
@@ -179,6 +191,27 @@ class SlurmMesh(LocalMesh):
             raise SlurmError(
                 f"could not attach to the workers of Slurm job {self.job_id}: {e}; it was cancelled"
             ) from e
+
+    def _attach(self) -> None:
+        """Wait for the job's nodes, then attach to the worker on each at its ``NodeAddr``: the name of a
+        node need not resolve here (a login host's DNS may not know it), the address Slurm dials does."""
+        job = self.job
+        names = job._all_hostnames or job._wait_for_job_start(self.job_id, self.nodes, job._job_start_timeout)
+        job._all_hostnames = names
+        self.names, self.addresses = list(names), node_addresses(names)
+        self.ports = [job._port] * len(names)
+        self._listen()
+        workers = service_proc_addrs([f"tcp://{a}:{job._port}" for a in self.addresses], job._service_proc_ids)
+        self.hosts = attach_to_workers(name="node", ca="trust_all_connections", workers=workers)
+        try:
+            wait(self.hosts.initialized, ATTACH_TIMEOUT_S)
+        except Exception as e:
+            self.cancel()
+            raise SlurmError(
+                f"could not attach to the workers of Slurm job {self.job_id} on {', '.join(names)} in "
+                f"{ATTACH_TIMEOUT_S:.0f} s ({type(e).__name__}: {e}); it was cancelled. The workers' log is in "
+                f"{self.cfg.log_dir}"
+            ) from None
 
     def _submit(self) -> None:
         try:
@@ -199,23 +232,55 @@ class SlurmMesh(LocalMesh):
             raise SlurmError(f"slurm.job_id={job_id}: cannot attach, the job is {state}")
         self.job._slurm_job_id = job_id
         self.job._port, self.job._service_proc_ids = _worker_identity(job_id)
-        if len(self.job._service_proc_ids) != sum(self.job._meshes.values()):
+        if len(self.job._service_proc_ids) != self.nodes:
             raise SlurmError(
-                f"slurm.job_id={job_id}: its workers were started for another layout "
-                f"(slurm.separate_hosts must match the session that started it)"
+                f"slurm.job_id={job_id}: its workers run on {len(self.job._service_proc_ids)} node(s), this "
+                f"session asks for slurm.nodes={self.nodes}; they must match the session that started it"
             )
+        self.job._all_hostnames = [n["name"] for n in info["job_resources"]["nodes"]["allocation"]]
         self.job._status = "running"
 
-    def host(self, role: str) -> Any:
-        """The job's node for `role` (its own node with `separate_hosts`; a reference model shares
-        the trainer's, judges ("judge", "judge-2", ...) and the live-code checker the reward procs')."""
-        if not self.cfg.separate_hosts:
-            return self.hosts.node
-        return getattr(self.hosts, _SHARES_NODE.get(role.split("-")[0], role))
+    def node_states(self) -> dict[str, str]:
+        """Slurm's state of each node of the job ("mixed", "down*": the ``*`` says it does not respond)."""
+        out = subprocess.run(
+            ["sinfo", "-h", "-N", "-n", ",".join(self.names), "-o", "%N %T"], capture_output=True, text=True
+        )
+        pairs = [line.split() for line in out.stdout.splitlines()] if out.returncode == 0 else []
+        return {p[0]: p[1] for p in pairs if len(p) == 2}
 
-    def master_addr(self, role: str) -> str | None:
-        """Where `role`'s gang meets: the name of its first proc's node, as that proc reports it."""
-        return None
+    def failed_first(self, lost: list[int]) -> list[int]:
+        """The lost nodes Slurm finds not responding or down: one node's loss ends the job step that runs
+        every node's worker (srun), so the others stop answering too. None flagged yet: all of them."""
+        states = self.node_states()
+        flagged = [
+            h for h in lost if states.get(self.names[h], "").endswith("*") or "down" in states.get(self.names[h], "")
+        ]
+        return flagged or lost
+
+    def _listen(self) -> None:
+        """Make this kernel's Monarch listen on TCP where the nodes reach it: at its host name when that
+        resolves to an address others can dial, else where the route to the first node leaves this host.
+        Monarch fixes a process's transport at its first use: a kernel that ran a local session first
+        listens on Unix sockets, which only a node on this machine's own network reaches."""
+        listen = "tcp" if hostname_is_routable() else f"tcp://{route_source(self.addresses[0], self.job._port)}:0"
+        try:
+            enable_transport(listen)
+        except RuntimeError:
+            elsewhere = [n for n, a in zip(self.names, self.addresses) if not on_this_machine(a)]
+            if elsewhere:
+                self.cancel()
+                raise SlurmError(
+                    f"the job's node(s) {', '.join(elsewhere)} cannot reach this kernel: Monarch already runs here "
+                    "over Unix sockets (a local session ran in this kernel first), and a process's transport is "
+                    "fixed at its first use. Restart the kernel and start the Slurm session before any local one; "
+                    f"job {self.job_id} was cancelled"
+                ) from None
+
+    def describe_host(self, host: int) -> str:
+        """The node, what Slurm says of it, and that its worker does not answer."""
+        state = self.node_states().get(self.names[host], "unknown")
+        address = f"{self.addresses[host]}:{self.ports[host]}"
+        return f"node {self.names[host]} (Slurm's state: {state}; its worker at {address} does not answer)"
 
     def stop(self) -> list[str]:
         """Stop every proc mesh, then cancel the job (unless `keep_job`) -> errors, if any."""

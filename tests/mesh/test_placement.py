@@ -94,3 +94,39 @@ def test_a_replica_over_several_gpus_is_refused_before_anything_starts():
     with pytest.raises(ConfigError, match="model.dtype must be 'float32'"):
         Config().updated({"mixed_precision": "bf16", "model.dtype": "bfloat16"})
     assert Config().updated({"mesh.kind": "slurm", "gpus_per_node": 8, "device": "cuda"}).model.device == "cuda"
+
+
+def _slurm(**fields):
+    config = Config().updated({"mesh.kind": "slurm", **fields})
+    return plan(config, hosts_for(config))
+
+
+def _hosts(placement, role):
+    return [s.host for s in placement.of(role)]
+
+
+def test_slurm_nodes_are_shared_out_by_count_trainer_first_then_generators_then_rewards():
+    p = _slurm(nodes=3, trainer_procs=2, trainer_hosts=2, gpus_per_node=4)
+    assert _hosts(p, "trainer") == [0, 1] and _devices(p, "trainer") == [(0,), (0,)]
+    assert _hosts(p, "generator") == [2] and p.host_indices("reward") == [2]  # beside the generator: no node left
+    assert [h.name for h in p.hosts] == ["node0", "node1", "node2"]
+    big = _slurm(nodes=8, trainer_procs=16, trainer_hosts=4, generator_procs=6, gpus_per_node=4)
+    assert _hosts(big, "trainer") == [h for h in range(4) for _ in range(4)]
+    assert _hosts(big, "generator") == [4, 4, 5, 5, 6, 6] and big.host_indices("reward") == [7]
+    assert _devices(big, "trainer")[:4] == [(0,), (1,), (2,), (3,)] and _devices(big, "generator")[:2] == [(0,), (1,)]
+    assert _hosts(_slurm(separate_hosts=True), "generator") == [1]  # older configs: trainer, generator, reward
+
+
+def test_a_slurm_shape_that_cannot_be_placed_or_leaves_a_node_idle_is_a_config_error():
+    with pytest.raises(ConfigError, match=r"trainer_procs=3 cannot be spread evenly over mesh.trainer_hosts=2"):
+        _slurm(nodes=3, trainer_procs=3, trainer_hosts=2)
+    with pytest.raises(ConfigError, match=r"trainer_hosts=3 leaves no host for the generator: the mesh has 3"):
+        _slurm(nodes=3, trainer_procs=3, trainer_hosts=3)
+    with pytest.raises(ConfigError, match=r"slurm.nodes=5 but the shape uses 3: trainer 1 node\(s\)"):
+        _slurm(nodes=5)
+    with pytest.raises(ConfigError, match=r"generator_hosts=2: 1 host\(s\) are left"):
+        _slurm(nodes=2, generator_hosts=2)
+    with pytest.raises(ConfigError, match=r"the mesh has 1 host \(slurm.nodes\)"):
+        _slurm(trainer_hosts=2)
+    with pytest.raises(ConfigError, match="slurm.separate_hosts puts the generator, trainer and reward on a node each"):
+        Config().updated({"slurm.separate_hosts": True, "slurm.nodes": 4})
