@@ -9,20 +9,56 @@ thread that has none; elsewhere (scripts, the background run) it is a plain `get
 from __future__ import annotations
 
 import asyncio
+import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 _waiter = ThreadPoolExecutor(max_workers=4, thread_name_prefix="forge_nb-wait")
 
+#: Checks a wait runs every `WATCH_EVERY_S` while it blocks: each returns an error to raise instead of waiting
+#: on (a host of the mesh that is gone: `mesh.hosts.PlacedMesh.watch`), or None.
+_watchers: list[Callable[[], Exception | None]] = []
+WATCH_EVERY_S = 2.0
+
+
+def watch(check: Callable[[], Exception | None]) -> None:
+    """Run `check` while any wait blocks (until `unwatch`)."""
+    _watchers.append(check)
+
+
+def unwatch(check: Callable[[], Exception | None]) -> None:
+    if check in _watchers:
+        _watchers.remove(check)
+
 
 def wait(future: Any, timeout: float | None = None) -> Any:
     """The result of a Monarch `Future` (its exception is raised here; `TimeoutError` after
-    `timeout` s, the call going on where it runs)."""
+    `timeout` s, the call going on where it runs; a watcher's error when one reports, see `watch`)."""
     try:
         asyncio.get_running_loop()
     except RuntimeError:
+        return _get(future, timeout)
+    return _waiter.submit(_get, future, timeout).result()
+
+
+def _get(future: Any, timeout: float | None) -> Any:
+    """`future.get(timeout)`, in slices of `WATCH_EVERY_S` while watchers are set (a Monarch future may be
+    waited on again after a timeout: the call goes on), each slice followed by the watchers' checks."""
+    if not _watchers:
         return future.get(timeout)
-    return _waiter.submit(future.get, timeout).result()
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        left = None if deadline is None else deadline - time.monotonic()
+        if left is not None and left <= 0:
+            raise TimeoutError(f"no answer in {timeout} s")
+        try:
+            return future.get(WATCH_EVERY_S if left is None else min(WATCH_EVERY_S, left))
+        except TimeoutError:
+            for check in list(_watchers):
+                error = check()
+                if error is not None:
+                    raise error from None
 
 
 def shards(items: int, procs: int) -> list[slice]:

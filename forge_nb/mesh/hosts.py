@@ -18,12 +18,14 @@ call, so a hosts session must be the first Monarch use of its kernel (`HostsErro
 from __future__ import annotations
 
 import socket
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 from urllib.parse import urlparse
 
 from monarch.actor import attach_to_workers, enable_transport
 
+from forge_nb.mesh import calls
 from forge_nb.mesh.calls import wait
 from forge_nb.mesh.local import STOP_TIMEOUT_S, LocalMesh
 from forge_nb.mesh.placement import Placement
@@ -59,6 +61,11 @@ class HostLost(RuntimeError):
 
 
 PROBE_TIMEOUT_S = 3.0
+#: A host whose worker has not answered for this long, while a call waits, is lost (`PlacedMesh.watch`): a link
+#: that comes back sooner (a brief outage the refresh retries through) is not. Monarch's own report of procs on
+#: a host that died took ~60 s here.
+HOST_LOST_AFTER_S = 15.0
+PROBE_EVERY_S = 5.0
 
 
 def answers(address: str, port: int, timeout: float = PROBE_TIMEOUT_S) -> bool:
@@ -83,6 +90,8 @@ class PlacedMesh(LocalMesh):
         self.addresses: list[str] = []
         self.ports: list[int] = []  # each host's worker port (its liveness probe)
         self.gone: set[int] = set()  # hosts found lost
+        self._silent_since: dict[int, float] = {}  # host -> when its worker was first found not answering
+        self._probed = 0.0
         self._placed: dict[str, list[int]] = {}  # each running role -> the host index of each of its procs
 
     def host_indices(self, role: str, procs: int) -> list[int]:
@@ -119,12 +128,29 @@ class PlacedMesh(LocalMesh):
         return f"{self.names[host]} (its worker at {self.addresses[host]}:{self.ports[host]} does not answer)"
 
     def check_hosts(self, role: str) -> None:
-        """Before `role`'s procs are started again: raise `HostLost` when a host of the mesh is gone,
-        naming each lost host and the roles it held (every host is probed: in a Slurm job one node's
-        loss ends the job step that runs every node's worker, and the procs there with it)."""
+        """Before `role`'s procs are started again: raise `HostLost` when a host of the mesh is gone
+        (every host is probed: in a Slurm job one node's loss ends the job step that runs every node's
+        worker, and the procs there with it)."""
         lost = self.lost()
-        if not lost:
-            return
+        if lost:
+            raise self.lost_error(lost, f"no proc is started on a host that is gone ({role} would be)")
+
+    def watch(self) -> HostLost | None:
+        """While a call waits (`mesh.calls.watch`): the hosts, probed every `PROBE_EVERY_S` -> `HostLost` once
+        one has not answered for `HOST_LOST_AFTER_S`, instead of waiting on a call that cannot end."""
+        now = time.monotonic()
+        if now - self._probed < PROBE_EVERY_S:
+            return None
+        self._probed = now
+        lost = self.lost()
+        self._silent_since = {h: self._silent_since.get(h, now) for h in lost}
+        if any(now - t >= HOST_LOST_AFTER_S for t in self._silent_since.values()):
+            return self.lost_error(lost, "the call in flight cannot end")
+        return None
+
+    def lost_error(self, lost: list[int], why: str) -> HostLost:
+        """`HostLost` naming each lost host (those that failed first, then those that went with them), the
+        roles each held, and how to go on."""
         self.gone |= set(lost)
         first = self.failed_first(lost)
         where = "; ".join(f"{self.describe_host(h)} held {', '.join(self.roles_on(h)) or 'nothing'}" for h in first)
@@ -139,13 +165,16 @@ class PlacedMesh(LocalMesh):
             if trainer_alive
             else "the trainer went with it: `%forge down`, then start again from the last checkpoint (forge_nb.resume)"
         )
-        raise HostLost(
-            f"lost: {where}. The run stopped: no proc is started on a host that is gone ({role} would be); {keep}"
-        )
+        return HostLost(f"lost: {where}. The run stopped: {why}; {keep}")
+
+    def attached(self) -> None:
+        """The hosts answer: watch them while calls wait (until `stop`)."""
+        calls.watch(self.watch)
 
     def stop(self) -> list[str]:
         """Stop every proc mesh -> errors, if any. A role with procs on a host that is gone is no error:
         what it has on hosts still up gets the stop, waited for `STOP_TIMEOUT_S` at most."""
+        calls.unwatch(self.watch)
         self.gone |= set(self.lost()) if self.addresses else set()
         hit = [r for r, where in self._placed.items() if self.gone & set(where) and r in self.proc_meshes]
         for role in hit:
@@ -200,3 +229,4 @@ class HostsMesh(PlacedMesh):
                 "is `python -m forge_nb.mesh.worker tcp://HOST:PORT` running on each, reachable from "
                 f"{listen}?"
             ) from None
+        self.attached()

@@ -212,6 +212,7 @@ class SlurmMesh(PlacedMesh):
                 f"{ATTACH_TIMEOUT_S:.0f} s ({type(e).__name__}: {e}); it was cancelled. The workers' log is in "
                 f"{self.cfg.log_dir}"
             ) from None
+        self.attached()
 
     def _submit(self) -> None:
         try:
