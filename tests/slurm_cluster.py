@@ -227,6 +227,17 @@ PartitionName=multi Nodes={every} Default=NO MaxTime=INFINITE State=UP OverSubsc
             time.sleep(0.5)
         return left
 
+    def run_batch(self, script: Path, timeout: float = 400.0) -> str:
+        """sbatch `script`, wait until its job has left the queue -> ``scontrol show job`` of it (JobState,
+        ExitCode); raises when sbatch refuses it or the job is still queued after `timeout` s."""
+        submitted = subprocess.run(["sbatch", "--parsable", str(script)], capture_output=True, text=True)
+        job = submitted.stdout.strip().split(";")[0]
+        if submitted.returncode != 0 or not job:
+            raise RuntimeError(f"sbatch refused {script}: {submitted.stderr}")
+        if self.wait_no_jobs(timeout=timeout):
+            raise RuntimeError(f"job {job} of {script} still queued after {timeout} s")
+        return subprocess.run(["scontrol", "show", "job", job], capture_output=True, text=True).stdout
+
     def stray_steps(self) -> list:
         """slurmstepd processes started since this cluster started, with their descendants."""
         import psutil

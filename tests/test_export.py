@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
 import time
 
 import pytest
@@ -85,11 +84,7 @@ def test_exported_session_runs_to_completion_under_slurm_and_matches_the_noteboo
         s.down()
     assert (out / "checkpoint" / "model.safetensors").is_file() and (out / "checkpoint" / "tokenizer.json").is_file()
 
-    submitted = subprocess.run(["sbatch", "--parsable", str(out / "run.sbatch")], capture_output=True, text=True)
-    job = submitted.stdout.strip().split(";")[0]
-    assert submitted.returncode == 0 and job, submitted.stderr
-    assert slurm.wait_no_jobs(timeout=300) == []
-    state = subprocess.run(["scontrol", "show", "job", job], capture_output=True, text=True).stdout
+    state = slurm.run_batch(out / "run.sbatch", timeout=300)
     log = next(out.glob("run_*.out")).read_text()
     assert "JobState=COMPLETED" in state and "ExitCode=0:0" in state, log[-3000:]
 

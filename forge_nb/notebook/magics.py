@@ -14,6 +14,7 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 from forge_nb.config import Config, ConfigError, parse_overrides
 from forge_nb.export import run_hint
 from forge_nb.mesh import lifecycle
+from forge_nb.notebook.errors import ForgeMagicError
 from forge_nb.watch import CONDITIONS
 
 SUBCOMMANDS = (
@@ -35,10 +36,6 @@ SUBCOMMANDS = (
     "export",
     "down",
 )
-
-
-class ForgeMagicError(ValueError):
-    """A magic used wrongly; the message says the right form."""
 
 
 @magics_class
@@ -225,7 +222,8 @@ def _session():
 
 
 def load_ipython_extension(ipython) -> None:
-    from forge_nb.notebook import sidebar
+    from forge_nb.notebook import errors, sidebar
 
     ipython.register_magics(ForgeMagics)
+    errors.register(ipython)  # forge_nb's errors meant for the user: their message, not a traceback through it
     sidebar.register(ipython)  # the JupyterLab sidebar's comm target (a no-op outside a kernel)

@@ -144,11 +144,7 @@ def test_exported_sbatch_for_three_nodes_runs_two_steps_there(slurm, tmp_path):
     out = export_config(config, tmp_path / "bundle", steps=2)
     script = (out / "run.sbatch").read_text()
     assert "#SBATCH --nodes=3" in script and "forge_nb.mesh.worker" in script
-    submitted = subprocess.run(["sbatch", "--parsable", str(out / "run.sbatch")], capture_output=True, text=True)
-    job = submitted.stdout.strip().split(";")[0]
-    assert submitted.returncode == 0 and job, submitted.stderr
-    assert slurm.wait_no_jobs(timeout=400) == []
-    state = subprocess.run(["scontrol", "show", "job", job], capture_output=True, text=True).stdout
+    state = slurm.run_batch(out / "run.sbatch", timeout=400)
     log = next(out.glob("run_*.out")).read_text()
     assert "JobState=COMPLETED" in state and "ExitCode=0:0" in state, log[-3000:]
     result = json.loads((out / "result.json").read_text())

@@ -1,0 +1,115 @@
+"""Errors meant for the user render in a notebook as their message and where it came from, not as a
+traceback through forge_nb's internals; ``%tb`` still shows the whole traceback.
+
+A refused reward cell, a config that cannot be placed, a host that is gone: the one-line message is the
+feature, and a 40-line traceback through the session, the mesh and Monarch buried it at the bottom. The
+extension registers `render` for `user_errors()` (IPython's ``set_custom_exc``): the cell's output is
+
+    LiveCodeError: reward 'r' returned str, expected a float
+      in cell line 3, s.set_reward(...) -> forge_nb/live/validate.py:88
+      (%tb shows the full traceback)
+
+Any other exception (a bug, a user's own error) keeps IPython's full traceback.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+import traceback
+from pathlib import Path
+from typing import Any
+
+PACKAGE = str(Path(__file__).resolve().parents[1])  # .../forge_nb
+RED, BOLD, RESET = "\x1b[31m", "\x1b[1m", "\x1b[0m"
+
+
+class ForgeMagicError(ValueError):
+    """A magic used wrongly; the message says the right form."""
+
+
+def user_errors() -> tuple[type[BaseException], ...]:
+    """forge_nb's exceptions whose message says what went wrong and what to do."""
+    from forge_nb.agents.client import ConversationError
+    from forge_nb.agents.tools import UnknownToolError
+    from forge_nb.agents.trajectory import TemplateRewriteError
+    from forge_nb.config import ConfigError
+    from forge_nb.live.capture import LiveCodeError
+    from forge_nb.loop import RunError
+    from forge_nb.mesh.hosts import HostLost, HostsError
+    from forge_nb.mesh.recovery import CheckpointLost, TrainerLost
+    from forge_nb.mesh.slurm import SlurmError
+    from forge_nb.models.registry import ModelError
+    from forge_nb.state import SessionError
+    from forge_nb.weights.refresh import RefreshError
+
+    return (
+        ConfigError,
+        SessionError,
+        LiveCodeError,
+        ModelError,
+        RunError,
+        RefreshError,
+        TrainerLost,
+        CheckpointLost,
+        HostLost,
+        HostsError,
+        SlurmError,
+        ConversationError,
+        TemplateRewriteError,
+        UnknownToolError,
+        ForgeMagicError,
+    )
+
+
+def where(tb: Any) -> str:
+    """ "in cell line 3, s.set_reward(...) -> forge_nb/live/validate.py:88": the user's last line (a cell or
+    their own module) and the place in forge_nb that raised."""
+    frames = traceback.extract_tb(tb)
+    if not frames:
+        return ""
+    ours = [f for f in frames if f.filename.startswith(PACKAGE)]
+    theirs = [f for f in frames if not f.filename.startswith(PACKAGE) and "site-packages" not in f.filename]
+    parts = []
+    if theirs:
+        user = theirs[-1]
+        place = f"cell line {user.lineno}" if _is_cell(user.filename) else f"{Path(user.filename).name}:{user.lineno}"
+        code = _as_typed((user.line or "").strip())
+        parts.append(f"in {place}" + (f", {code}" if code else ""))
+    if ours:
+        raised = ours[-1]
+        parts.append(f"{Path(raised.filename).relative_to(Path(PACKAGE).parent)}:{raised.lineno}")
+    return " -> ".join(parts)
+
+
+def _as_typed(code: str) -> str:
+    """A magic's line as the user typed it (IPython runs ``get_ipython().run_line_magic('forge', 'up')``)."""
+    magic = re.match(r"get_ipython\(\)\.run_(line|cell)_magic\('(\w+)', '([^']*)'", code)
+    if magic is None:
+        return code
+    kind, name, args = magic.groups()
+    return f"{'%' if kind == 'line' else '%%'}{name} {args}".rstrip()
+
+
+def _is_cell(filename: str) -> bool:
+    return filename.startswith("<ipython-input") or "/ipykernel_" in filename or filename.startswith("<cell")
+
+
+def render(shell: Any, etype: type, value: BaseException, tb: Any, tb_offset: int | None = None) -> list[str]:
+    """IPython's custom exception handler: show the message and where it came from (the error output a
+    notebook stores), and keep the exception for ``%tb``."""
+    sys.last_type, sys.last_value, sys.last_traceback = etype, value, tb  # what %tb (showtraceback) shows
+    if hasattr(sys, "last_exc"):
+        sys.last_exc = value
+    stb = [f"{RED}{BOLD}{etype.__name__}{RESET}: {value}"]
+    found = where(tb)
+    if found:
+        stb.append(f"  {found}")
+    stb.append("  (%tb shows the full traceback)")
+    shell._showtraceback(etype, value, stb)
+    return stb
+
+
+def register(shell: Any) -> None:
+    """Render forge_nb's user errors short in this shell (`render`); other exceptions as before."""
+    shell.set_custom_exc(user_errors(), render)
