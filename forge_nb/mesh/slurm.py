@@ -27,6 +27,7 @@ import time
 from typing import Any
 
 from monarch.actor import attach_to_workers, enable_transport
+from monarch.config import configure
 from monarch.job import SERVICE_PROC_IDS_ENV, SlurmJob, deserialize_service_proc_ids, service_proc_addrs
 
 from forge_nb.config import SlurmConfig
@@ -177,6 +178,12 @@ class SlurmMesh(PlacedMesh):
             account=cfg.account or None,
             qos=cfg.qos or None,
         )
+        if not hostname_is_routable():
+            # SlurmJob just made "TCP at my host name" this process's default transport, which Monarch refuses
+            # (a panic in the next proc spawned, even of a later local session) when the name resolves to
+            # loopback only. `_listen` picks the address the nodes reach; until then, and for a kernel whose
+            # transport is already fixed, loopback.
+            configure(default_transport="tcp://127.0.0.1:0")
         if cfg.job_id:
             self._adopt(cfg.job_id)
         else:
