@@ -100,14 +100,12 @@ class LocalSlurm:
     def start_node(self, node: str) -> None:
         """Start node `node`'s slurmd (its host name and hosts file its own; on a namespace host, its
         network and /dev/shm too)."""
+        hosts = f"mount --bind {self.root / 'hosts'} /etc/hosts"
         shm = "" if node == self.node else "mount -t tmpfs tmpfs /dev/shm && "
-        inside = (
-            f'hostname {node} && mount --bind {self.root / "hosts"} /etc/hosts && {shm}exec slurmd -D -f "{self.conf}"'
-        )
+        inside = f'hostname {node} && {hosts} && {shm}exec slurmd -D -f "{self.conf}"'
         cmd = ["unshare", "--uts", "--mount", "--propagation", "private", "sh", "-c", inside]
-        if (
-            node != self.node
-        ):  # nsenter, not `ip netns exec`: that one mounts a fresh /sys, hiding the cgroups slurmd needs
+        if node != self.node:
+            # nsenter, not `ip netns exec`: that one mounts a fresh /sys, hiding the cgroup mounts slurmd needs
             cmd = ["nsenter", f"--net=/run/netns/{self.host(node).netns}", *cmd]
         self.slurmd[node] = self._spawn(cmd, f"slurmd-{node}")
 
