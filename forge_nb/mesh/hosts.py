@@ -110,14 +110,13 @@ class PlacedMesh(LocalMesh):
         """The running roles with a proc on host index `host`."""
         return [role for role, where in self._placed.items() if host in where]
 
-    def lost(self, hosts: list[int] | None = None) -> list[int]:
-        """Those of `hosts` (default: every host) whose worker no longer answers, probed all at once."""
-        hosts = list(range(len(self.addresses))) if hosts is None else hosts
-        if not hosts:
+    def lost(self) -> list[int]:
+        """The hosts whose worker no longer answers, probed all at once."""
+        if not self.addresses:
             return []
-        with ThreadPoolExecutor(len(hosts)) as pool:
-            up = list(pool.map(lambda h: answers(self.addresses[h], self.ports[h]), hosts))
-        return [h for h, ok in zip(hosts, up) if not ok]
+        with ThreadPoolExecutor(len(self.addresses)) as pool:
+            up = list(pool.map(answers, self.addresses, self.ports))
+        return [h for h, ok in enumerate(up) if not ok]
 
     def failed_first(self, lost: list[int]) -> list[int]:
         """Those of the `lost` hosts that failed themselves (a subclass asks the scheduler), not through another."""
@@ -175,7 +174,7 @@ class PlacedMesh(LocalMesh):
         """Stop every proc mesh -> errors, if any. A role with procs on a host that is gone is no error:
         what it has on hosts still up gets the stop, waited for `STOP_TIMEOUT_S` at most."""
         calls.unwatch(self.watch)
-        self.gone |= set(self.lost()) if self.addresses else set()
+        self.gone |= set(self.lost())
         hit = [r for r, where in self._placed.items() if self.gone & set(where) and r in self.proc_meshes]
         for role in hit:
             proc_mesh = self.proc_meshes.pop(role)
