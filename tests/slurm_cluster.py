@@ -45,6 +45,12 @@ def ensure_installed() -> None:
         subprocess.run(["apt-get", "install", "-y", "-qq", *missing], check=True, env=env, capture_output=True)
 
 
+def queued_jobs() -> list[str]:
+    """Ids of the jobs in the queue of the cluster $SLURM_CONF names (pending or running)."""
+    out = subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True, check=True)
+    return out.stdout.split()
+
+
 def unavailable_reason() -> str | None:
     """Why the cluster cannot be made here (its nodes are network namespaces), or None."""
     return netns_hosts.unavailable_reason()
@@ -216,8 +222,7 @@ PartitionName=multi Nodes={every} Default=NO MaxTime=INFINITE State=UP OverSubsc
 
     def jobs(self) -> list[str]:
         """Ids of the jobs still in the queue (pending or running)."""
-        out = subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True, check=True)
-        return out.stdout.split()
+        return queued_jobs()
 
     def wait_no_jobs(self, timeout: float = 30.0) -> list[str]:
         deadline = time.monotonic() + timeout

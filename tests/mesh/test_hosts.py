@@ -11,7 +11,6 @@ first call, and a hosts session listens on TCP, so it must be the first Monarch 
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -84,58 +83,54 @@ def _assert_only_workers_left(hosts, workers) -> None:
     assert not any(left.values()), f"procs left on the hosts after %forge down: {left}"
 
 
-def _json(kernel: Kernel, expr: str) -> object:
-    return json.loads(kernel.ok(f"print(json.dumps({expr}, default=str))").strip().splitlines()[-1])
-
-
 def test_session_across_three_hosts_steps_and_refreshes(net, kernel):
     hosts, _ = net
-    status = _json(kernel, "s.status()")
+    status = kernel.json("s.status()")
     placed = {role: status["hosts"][role][0].split(":")[0] for role in ("trainer", "generator", "reward")}
     assert placed == {"trainer": hosts.hosts[0].ip, "generator": hosts.hosts[1].ip, "reward": hosts.hosts[2].ip}
     assert status["weights_transport"] == "tcp"
-    version = _json(kernel, "s.trainer_version")
+    version = kernel.json("s.trainer_version")
     kernel.ok("%forge step 2", timeout=300)
-    sums = _json(kernel, "s.checksums()")
+    sums = kernel.json("s.checksums()")
     assert sums["generator"] == sums["trainer"] and sums["trainer"][0] == version + 2
 
 
 def test_trainer_link_down_mid_refresh_keeps_the_served_version_then_recovers(net, kernel):
     hosts, _ = net
-    served = _json(kernel, "wait(s.actors.generator.checksum.call_one())")
-    v, events = _json(kernel, "[s.trainer_version, len(s.state.metrics.rows('event'))]")
+    served = kernel.json("wait(s.actors.generator.checksum.call_one())")
+    v, events = kernel.json("[s.trainer_version, len(s.state.metrics.rows('event'))]")
     kernel.ok("m = s.train(s.rollout())", timeout=300)  # the trainer publishes v + 1; the generator serves v
     hosts.slow("h1", rate_mbit=16)  # the 1.7 MB copy takes ~1 s: the link goes down in the middle of it
     threading.Timer(0.3, hosts.link, ("h1", False)).start()
     try:
         text = kernel.ok("try:\n    s.sync()\nexcept Exception as e:\n    print('SYNC FAILED', e)", timeout=120)
         assert "SYNC FAILED" in text and f"policy v{v} stays live" in text and "failed 3 times" in text
-        assert _json(kernel, "wait(s.actors.generator.checksum.call_one())") == served  # not a byte loaded
+        assert kernel.json("wait(s.actors.generator.checksum.call_one())") == served  # not a byte loaded
     finally:
         hosts.link("h1", True)
         hosts.slow("h1")
-    report = _json(kernel, "s.sync()")
+    report = kernel.json("s.sync()")
     assert report["version"] == v + 1 and report["transport"] == "tcp"
-    sums = _json(kernel, "s.checksums()")
+    sums = kernel.json("s.checksums()")
     assert sums["generator"] == sums["trainer"] and sums["trainer"][0] == v + 1
-    assert _json(kernel, "len(s.state.metrics.rows('event'))") == events  # no proc was replaced
+    assert kernel.json("len(s.state.metrics.rows('event'))") == events  # no proc was replaced
 
 
 def test_brief_outage_mid_refresh_is_retried(net, kernel):
     hosts, _ = net
     kernel.ok("m = s.train(s.rollout())", timeout=300)
-    v = _json(kernel, "s.trainer_version")
+    v = kernel.json("s.trainer_version")
     hosts.slow("h1", rate_mbit=16)
     threading.Timer(0.3, hosts.link, ("h1", False)).start()
     threading.Timer(1.5, hosts.link, ("h1", True)).start()
     try:
-        report = _json(kernel, "s.sync()")
+        report = kernel.json("s.sync()")
     finally:
         time.sleep(1.5)
         hosts.link("h1", True)
         hosts.slow("h1")
     assert report["version"] == v and report["seconds"] > 1.0  # the copy stalled, then went through
-    assert len(_json(kernel, "s.step(1)['policy_version'].tolist()")) == 1
+    assert len(kernel.json("s.step(1)['policy_version'].tolist()")) == 1
 
 
 def test_a_generator_killed_on_its_host_is_started_afresh_there(net, kernel):
@@ -145,23 +140,23 @@ def test_a_generator_killed_on_its_host_is_started_afresh_there(net, kernel):
     assert procs, "the generator's host runs no proc besides its worker"
     for pid in procs:
         os.kill(pid, signal.SIGKILL)
-    version = _json(kernel, "s.trainer_version")
+    version = kernel.json("s.trainer_version")
     kernel.ok("rows = s.step(1, progress=False)", timeout=300)
-    status = _json(kernel, "s.status()")
+    status = kernel.json("s.status()")
     assert any(e["role"] == "generator" for e in status["events"]), status["events"]
     assert status["hosts"]["generator"][0].split(":")[0] == host.ip  # its host's worker started it again
-    sums = _json(kernel, "s.checksums()")
+    sums = kernel.json("s.checksums()")
     assert sums["generator"] == sums["trainer"] and sums["trainer"][0] == version + 1
 
 
 def test_a_slow_link_slows_the_refresh_and_the_run_goes_on(net, kernel):
     hosts, _ = net
-    fast = _json(kernel, "s.step(1, progress=False)[['refresh_s', 'refresh_gbps']].iloc[-1].tolist()")
+    fast = kernel.json("s.step(1, progress=False)[['refresh_s', 'refresh_gbps']].iloc[-1].tolist()")
     hosts.slow("h1", rate_mbit=16)  # the trainer's host sends at 2 MB/s: ~1 s for the ~1.7 MB refresh
     try:
-        slow = _json(kernel, "s.step(1, progress=False)[['refresh_s', 'refresh_gbps']].iloc[-1].tolist()")
+        slow = kernel.json("s.step(1, progress=False)[['refresh_s', 'refresh_gbps']].iloc[-1].tolist()")
     finally:
         hosts.slow("h1")
     assert slow[0] > max(0.5, 3 * fast[0]) and slow[1] < fast[1] / 3, (fast, slow)  # the step row says it
-    sums = _json(kernel, "s.checksums()")
+    sums = kernel.json("s.checksums()")
     assert sums["generator"] == sums["trainer"]

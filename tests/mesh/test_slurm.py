@@ -5,8 +5,6 @@ process, for good, which later local meshes of a test worker must not inherit.""
 
 from __future__ import annotations
 
-import subprocess
-
 import pytest
 
 import forge_nb
@@ -15,6 +13,7 @@ from forge_nb.session import SessionError
 from tests.conftest import wait_no_children
 from tests.fresh import in_fresh_process
 from tests.mesh.probe import EnvProbe
+from tests.slurm_cluster import queued_jobs
 
 pytestmark = pytest.mark.slow
 
@@ -41,7 +40,7 @@ def steps_inside_the_job(logs: str) -> dict:
     s = slurm_session(logs)
     try:
         job = s.status()["slurm_job"]
-        queued = _queued()
+        queued = queued_jobs()
         seen = {}
         for role in ("generator", "trainer", "reward"):
             probe = s.actors.mesh.proc_meshes[role].spawn("probe", EnvProbe)
@@ -66,7 +65,7 @@ def keep_then_attach(logs: str) -> dict:
     first = slurm_session(logs, keep_job=True)
     job = first.status()["slurm_job"]
     first.down()
-    kept = _queued()
+    kept = queued_jobs()
     second = slurm_session(logs, job_id=job)
     try:
         return {"job": job, "kept": kept, "attached": second.status()["slurm_job"], "steps": len(second.step(1))}
@@ -78,10 +77,6 @@ def test_keep_job_then_attach_by_job_id(slurm, tmp_path):
     got = in_fresh_process(keep_then_attach, str(tmp_path / "logs"))
     assert got["kept"] == [got["job"]] and got["attached"] == got["job"] and got["steps"] == 1
     assert_nothing_left(slurm)
-
-
-def _queued() -> list[str]:
-    return subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True).stdout.split()
 
 
 def test_unknown_partition_is_a_clear_error_and_leaves_no_job(slurm, tmp_path):

@@ -23,6 +23,7 @@ from forge_nb.tools import netns_hosts
 from tests.conftest import wait_no_children
 from tests.fresh import in_fresh_process
 from tests.notebook.kernel import Kernel
+from tests.slurm_cluster import queued_jobs
 
 pytestmark = pytest.mark.slow
 
@@ -65,10 +66,6 @@ def test_sinfo_shows_three_nodes_each_its_own_host(slurm):
     assert slurm.addresses[0] in seen["fnode1"]  # this machine's own network, at the bridge's address
 
 
-def _json(kernel: Kernel, expr: str) -> object:
-    return json.loads(kernel.ok(f"print(json.dumps({expr}, default=str))").strip().splitlines()[-1])
-
-
 def test_forge_up_slurm_three_nodes_trainer_gang_over_two_generator_on_the_third(slurm, tmp_path):
     """In a real kernel, as a researcher would: `%forge up --slurm` with three nodes, steps, `%forge down`."""
     k = Kernel()
@@ -81,18 +78,18 @@ def test_forge_up_slurm_three_nodes_trainer_gang_over_two_generator_on_the_third
             timeout=300,
         )
         k.ok("s = lifecycle.current()")
-        status = _json(k, "s.status()")
+        status = k.json("s.status()")
         assert status["hosts"]["trainer"] == ["fnode1", "fnode2"]
         assert status["hosts"]["generator"] == ["fnode3"] and status["hosts"]["reward"] == ["fnode3"]
         # Each proc runs on the node the plan names: the host name its own process sees (its UTS namespace).
         seen = {(r["role"], r["host"], uts_hostname(r["pid"])) for r in status["placement"]}
         assert all(planned == real for _, planned, real in seen), seen
         assert {(role, host) for role, host, _ in seen} >= {("trainer", "fnode1"), ("trainer", "fnode2")}
-        assert _json(k, "s.step(2)['policy_version'].tolist()") == [1, 2]
-        sums = _json(k, "s.checksums()")
+        assert k.json("s.step(2)['policy_version'].tolist()") == [1, 2]
+        sums = k.json("s.checksums()")
         # The generator on fnode3 serves what both trainer ranks hold, put together from their shards.
         assert sums["generator"] == sums["trainer"] and sums["trainer"][0] == 2
-        assert "tcp" in _json(k, "s.status()['weights_transport']")
+        assert "tcp" in k.json("s.status()['weights_transport']")
         assert slurm.jobs() == [status["slurm_job"]]
         k.ok("%forge down", timeout=120)
         assert slurm.wait_no_jobs() == []  # cancelled (it leaves the queue once its steps have ended)
@@ -115,7 +112,7 @@ def lose_a_node(logs: str, netns: str) -> dict:
         except HostLost as e:
             raised = str(e)
         seconds = time.monotonic() - start
-        queued = subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True).stdout.split()
+        queued = queued_jobs()
     finally:
         s.down()
     return {"job": job, "raised": raised, "seconds": seconds, "queued": queued}

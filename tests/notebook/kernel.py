@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from jupyter_client.manager import start_new_kernel
 
 
@@ -31,6 +33,11 @@ class Kernel:
         text, content = self.run(code, timeout)
         assert content["status"] == "ok", text
         return text
+
+    def json(self, expr: str) -> object:
+        """The value of `expr` in the kernel, through JSON (str() for what JSON cannot hold)."""
+        out = self.ok(f"import json as _json\nprint(_json.dumps({expr}, default=str))")
+        return json.loads(out.strip().splitlines()[-1])
 
     @property
     def pid(self) -> int:
