@@ -16,7 +16,7 @@ from monarch.actor import endpoint
 import forge_nb.rewards.judge_client as judge_client
 from forge_nb.actors.base import ForgeActor
 from forge_nb.live.capture import compile_function
-from forge_nb.live.deadline import wait_for
+from forge_nb.live.deadline import start_thread, wait_for
 from forge_nb.live.registry import Member
 from forge_nb.rewards.batch import RewardBatch, Scores
 from forge_nb.rewards.scoring import score_members
@@ -81,8 +81,8 @@ class RewardWorker(ForgeActor):
             finally:
                 done.set()
 
-        threading.Thread(target=run, name="forge_nb-reward", daemon=True).start()
-        finished = wait_for(done, self.timeout_s * max(1, len(batch)) * len(fns))
+        thread = start_thread(run, "forge_nb-reward")
+        finished = wait_for(done, self.timeout_s * max(1, len(batch)) * len(fns), thread)
         traffic = {"judge": judge_client.stats() - before, "judge_problems": dict(judges)}
         if finished:
             return dataclasses.replace(Scores.combine(components, weights, errors, version), **traffic)

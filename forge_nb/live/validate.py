@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from forge_nb.checks import CheckFailed, CheckTimedOut, describe_exception, short_repr
-from forge_nb.live.deadline import wait_for
+from forge_nb.live.deadline import start_thread, wait_for
 from forge_nb.rewards.batch import RewardSample, columns_of
 from forge_nb.rewards.forms import by_name, is_batched, keywords_for
 from forge_nb.rewards.judge_client import JudgeUnavailable
@@ -37,7 +37,7 @@ class LossProbe:
 
 def run_with_timeout(fn: Callable[[], Any], timeout: float | None) -> Any:
     """Run `fn` in a daemon thread; raise `CheckFailed` if it raises, `CheckTimedOut` if it uses more
-    than `timeout` s of its own (time waiting on a judge actor does not count: `live.deadline`).
+    than `timeout` s of its own (time waiting on a judge actor or for a CPU does not count: `live.deadline`).
     A judge that cannot answer raises `JudgeUnavailable`, for the caller to start or replace it.
 
     A Python thread cannot be killed: one that hangs is left running in the background, detached.
@@ -53,8 +53,8 @@ def run_with_timeout(fn: Callable[[], Any], timeout: float | None) -> Any:
         finally:
             done.set()
 
-    threading.Thread(target=target, name="forge_nb-live-check", daemon=True).start()
-    if not wait_for(done, timeout):
+    thread = start_thread(target, "forge_nb-live-check")
+    if not wait_for(done, timeout, thread):
         raise CheckTimedOut(f"did not return within the {timeout:g} s timeout (hangs?)")
     if isinstance(result.get("error"), CheckFailed | JudgeUnavailable):
         raise result["error"]
