@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 LABEXT := extensions/jupyterlab-forge
 LABEXT_BUILT := forge_nb/labextension/package.json
 
-.PHONY: demo test test-fast test-each lint system-deps bench-overhead bench-deps clean labextension notebooks
+.PHONY: demo test test-fast test-each lint system-deps bench-overhead bench-deps clean labextension notebooks gpu-check
 
 # vLLM's CPU build here and in CI; its GPU build where nvidia-smi finds a GPU (`make VLLM=vllm-gpu` to force;
 # `make VLLM=none` for no vLLM: the torch engine serves every model, e.g. on Python 3.12 / 3.13 where vLLM's CPU
@@ -67,6 +67,13 @@ test: lint system-deps $(LABEXT_BUILT)
 test-fast: $(STAMP)
 	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadgroup -m "not (slow or tutorial or slurm or browser or mesh)" \
 		$(PYTEST_ARGS) tests
+
+# forge_nb's GPU code on this machine's GPU, one table (README, "GPU check"); without a GPU it says so and exits 0.
+# It needs only PyTorch with CUDA and transformers, so it runs where there is no venv and nothing can be installed
+# (a bare GPU box): this venv's python when there is one, else $(PYTHON). GPU_CHECK_ARGS=--full: the whole stack.
+GPU_CHECK_ARGS ?=
+gpu-check:
+	PYTHONPATH=$(CURDIR) $(or $(wildcard $(BIN)/python),$(PYTHON)) -m forge_nb.tools.gpu_check $(GPU_CHECK_ARGS)
 
 # Every test file and tutorial alone, each in a fresh pytest process, two at a time: a test must not pass only
 # because another file or test ran before it. One row per file; exit 1 if any fails.

@@ -34,6 +34,7 @@ class GeneratorSpec:
     version: int = 0  # the policy version `model_dir` holds (a checkpoint's, when resuming)
     lora: LoraConfig | None = None
     adapter_dir: str = ""
+    device: str = "cpu"  # the torch engine's (model.device: "auto" takes this proc's GPU when it sees one)
 
     @classmethod
     def from_config(cls, config: Config, engine: str) -> GeneratorSpec:
@@ -49,7 +50,8 @@ class GeneratorSpec:
         if engine == "vllm" and lora is not None:
             options["max_lora_rank"] = lora.r
         model_dir = str(config.model.resolved_path())
-        return cls(model_dir, config.serve_dtype, config.mesh.threads_per_proc, engine, options, lora=lora)
+        threads = config.mesh.threads_per_proc
+        return cls(model_dir, config.serve_dtype, threads, engine, options, lora=lora, device=config.model.device)
 
 
 @dataclass(frozen=True)
@@ -73,7 +75,8 @@ class Generator(AsyncForgeActor):
 
     def __init__(self, spec: GeneratorSpec) -> None:
         self._begin(spec.threads)
-        self.engine = load_engine(spec.engine, spec.model_dir, getattr(torch, spec.dtype), **spec.engine_options)
+        dtype = getattr(torch, spec.dtype)
+        self.engine = load_engine(spec.engine, spec.model_dir, dtype, spec.device, **spec.engine_options)
         self.receiver: WeightReceiver | None = None
         self.adapter: ServedAdapter | None = None
         if spec.lora is not None:
@@ -97,9 +100,9 @@ class Generator(AsyncForgeActor):
     @endpoint
     async def attach(self, manifests: list[WeightManifest], transport: str) -> str:
         """Remember where the trainer publishes: its one snapshot, or every rank's shards (once per
-        session; refreshes then move only bytes) -> the transport chosen ("shm" on the trainer's host,
-        "tcp" elsewhere, or "rdma"; "shm+tcp" when ranks differ)."""
-        self.receiver = WeightReceiver(manifests, version=self.version, transport=transport)
+        session; refreshes then move only bytes) -> the transport chosen ("cuda_ipc" between GPUs of the
+        trainer's host, "shm" on its host, "tcp" elsewhere, or "rdma"; "shm+tcp" when ranks differ)."""
+        self.receiver = WeightReceiver(manifests, self.version, transport, self.engine.device)
         return self.receiver.transport
 
     @endpoint

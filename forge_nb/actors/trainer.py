@@ -39,6 +39,7 @@ class TrainerSpec(ModelSpec):
     loss: LiveCode
     serve_dtype: str
     chunk_mb: int
+    transport: str = "auto"  # weights.transport: on a GPU, "auto" and "cuda_ipc" keep snapshots in its memory too
     resume_from: str = ""  # a checkpoint's trainer/ folder (`save_state`): weights, optimizer, RNG, versions
     loss_version: int = 0
     lora: LoraConfig | None = None
@@ -54,6 +55,7 @@ class TrainerSpec(ModelSpec):
             loss=loss,
             serve_dtype=config.serve_dtype,
             chunk_mb=config.weights.chunk_mb,
+            transport=config.weights.transport,
             lora=config.lora if config.lora.enabled else None,
             trainer=config.trainer,
             procs=config.mesh.trainer_procs,
@@ -119,8 +121,17 @@ class Trainer(ForgeActor):
         shards, rows = self.policy.local_published()
         serve_dtype = getattr(torch, spec.serve_dtype)
         rank, ranks = self.gang.rank, self.gang.world
+        on_gpu = self.policy.device.type == "cuda" and spec.transport in ("auto", "cuda_ipc")
         self.publisher = WeightPublisher(
-            shards, self.version, serve_dtype, spec.chunk_mb, rows=rows, rank=rank, ranks=ranks
+            shards,
+            self.version,
+            serve_dtype,
+            spec.chunk_mb,
+            rows=rows,
+            rank=rank,
+            ranks=ranks,
+            device=self.policy.device if on_gpu else None,
+            host=spec.transport != "cuda_ipc",
         )
         self._ready(device=str(self.policy.device), lora=self.policy.lora, **self.sizes())
 
@@ -169,6 +180,13 @@ class Trainer(ForgeActor):
         """This rank's shards of the new weights into its snapshot (no collective)."""
         self.publisher.publish(self.policy.local_published()[0], version)
         self.version = version
+
+    @endpoint
+    def host_snapshots(self, on: bool) -> bool:
+        """Copy each published version into host memory too (`on`: a generator reads it there), or keep it
+        on the GPU only (every generator opened the GPU snapshots) -> whether host copies are made now."""
+        self.publisher.keep_host(on, self.policy.local_published()[0])
+        return self.publisher.host_live
 
     @endpoint
     def weights_manifest(self) -> WeightManifest:

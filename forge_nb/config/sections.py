@@ -223,14 +223,16 @@ class SlurmConfig:
 
 @dataclass
 class WeightsConfig:
-    transport: str = "auto"  # "auto": /dev/shm on the trainer's host, TCP streams elsewhere; or "shm", "tcp", "rdma"
+    # "auto": CUDA IPC between GPUs of the trainer's host, /dev/shm on its host, TCP streams elsewhere; or one of
+    # "cuda_ipc" (the trainer then keeps its snapshots on its GPU only), "shm", "tcp", "rdma"
+    transport: str = "auto"
     chunk_mb: int = 16  # reads (RDMA or TCP) are split into chunks of this size, read in parallel
     streams: int = 4  # TCP connections a cross-host refresh reads over at once (4 beat 2 at 1 GB: README)
     stream_timeout_s: float = 10.0  # a TCP stream stalled this long fails the copy (tried 3 times in all)
     serve_dtype: str = "same"  # dtype the generator serves in ("same" as model.dtype, or "bfloat16", ...)
 
     def validate(self) -> None:
-        _choice("weights.transport", self.transport, ("auto", "shm", "tcp", "rdma"))
+        _choice("weights.transport", self.transport, ("auto", "cuda_ipc", "shm", "tcp", "rdma"))
         _at_least("weights.chunk_mb", self.chunk_mb, 1)
         _at_least("weights.streams", self.streams, 1)
         if not self.stream_timeout_s > 0:

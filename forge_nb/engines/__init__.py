@@ -42,12 +42,13 @@ def weights_bytes(model_dir: Path) -> int:
     return sum(f.stat().st_size for pattern in ("*.safetensors", "*.bin") for f in model_dir.glob(pattern))
 
 
-def load_engine(name: str, model_dir: str | Path, dtype: torch.dtype, **vllm_options):
-    """Start engine `name` ("torch" or "vllm") serving `model_dir` in `dtype`."""
+def load_engine(name: str, model_dir: str | Path, dtype: torch.dtype, device: str = "cpu", **vllm_options):
+    """Start engine `name` ("torch" or "vllm") serving `model_dir` in `dtype`; the torch engine on `device`
+    ("cpu", "cuda", "auto"), vLLM on the device its build is for."""
     if name == "vllm":
         from forge_nb.engines.vllm_engine import VllmEngine
 
         return VllmEngine.load(model_dir, dtype, **vllm_options)
     from forge_nb.engines.torch_engine import TorchEngine
 
-    return TorchEngine.load(model_dir, dtype)
+    return TorchEngine.load(model_dir, dtype, device)

@@ -20,6 +20,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 from forge_nb.engines import prefix_cache
 from forge_nb.engines.base import Prompt, SamplingParams, cut_at_stop, encode_prompts
 from forge_nb.padding import left_padded
+from forge_nb.parallel.device import resolve_device
 from forge_nb.rl.completion import Completion
 from forge_nb.rl.prefix_batch import completion_logprobs
 
@@ -28,11 +29,13 @@ class TorchEngine:
     """Serves `model` (an HF causal LM) with `tokenizer`; both loaded from `model_dir` by `load`."""
 
     def __init__(self, model: PreTrainedModel, tokenizer) -> None:
+        """`model` on the device it runs on (its parameters'): prompts, masks and sampling go there too."""
         self.model = model.eval()
+        self.device = next(model.parameters()).device
         self.tokenizer = tokenizer
         self.eos_id: int = tokenizer.eos_token_id
         self.pad_id: int = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_id
-        self._generator = torch.Generator()
+        self._generator = torch.Generator(self.device)
         self.prefixes = prefix_cache.PrefixCache()
         # A prefill needs the logits of the last position only: the LM head (a fifth of SmolLM2-135M's weights,
         # [W, V] logits per prompt) on every prompt token cost more than the rest of a short prompt's forward.
@@ -40,8 +43,9 @@ class TorchEngine:
         self._last_logits = {"logits_to_keep": 1} if accepts else {}
 
     @classmethod
-    def load(cls, model_dir: str | Path, dtype: torch.dtype = torch.float32) -> TorchEngine:
-        model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=dtype)
+    def load(cls, model_dir: str | Path, dtype: torch.dtype = torch.float32, device: str = "cpu") -> TorchEngine:
+        """`device`: "cpu", "cuda" or "auto" (`parallel.device.resolve_device`)."""
+        model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=dtype).to(resolve_device(device))
         return cls(model, AutoTokenizer.from_pretrained(str(model_dir)))
 
     def generate(self, prompts: Sequence[Prompt], sampling: SamplingParams) -> list[list[Completion]]:
@@ -87,7 +91,7 @@ class TorchEngine:
             cache.batch_repeat_interleave(sampling.n)
             mask, positions = mask.repeat_interleave(sampling.n, 0), positions.repeat_interleave(sampling.n, 0)
         next_pos = positions[:, -1:] + 1
-        done = torch.zeros(batch, dtype=torch.bool)
+        done = torch.zeros(batch, dtype=torch.bool, device=self.device)
         tokens: list[torch.Tensor] = []
         logps: list[torch.Tensor] = []
         alive: list[torch.Tensor] = []
@@ -100,7 +104,7 @@ class TorchEngine:
             done = done | (token == self.eos_id)
             if bool(done.all()) or step == sampling.max_tokens - 1:
                 break
-            mask = torch.cat([mask, torch.ones((batch, 1), dtype=torch.long)], dim=1)
+            mask = torch.cat([mask, mask.new_ones((batch, 1))], dim=1)
             out = self.model(
                 input_ids=token[:, None],
                 attention_mask=mask,
@@ -116,7 +120,7 @@ class TorchEngine:
 
     def _prefill(self, prompts: list[list[int]]):
         """Left-padded prompts [B, W] through the model -> (output with its cache, mask [B, W], positions [B, W])."""
-        input_ids, mask = left_padded(prompts, self.pad_id)
+        input_ids, mask = (t.to(self.device) for t in left_padded(prompts, self.pad_id))
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         out = self.model(
             input_ids=input_ids, attention_mask=mask, position_ids=positions, use_cache=True, **self._last_logits
@@ -134,7 +138,8 @@ class TorchEngine:
         positions = torch.zeros_like(input_ids)
         for i, (ids, n) in enumerate(zip(rest, kept)):
             positions[i, width - len(ids) :] = torch.arange(n, n + len(ids))
-        mask = torch.cat([kept_mask, mask], dim=1)
+        input_ids, positions = input_ids.to(self.device), positions.to(self.device)
+        mask = torch.cat([kept_mask, mask], dim=1).to(self.device)
         out = self.model(
             input_ids=input_ids,
             attention_mask=mask,

@@ -74,6 +74,8 @@ class VllmEngine:
         self.tokenizer = tokenizer
         self.eos_id: int = tokenizer.eos_token_id
         self.lora = None  # the LoRA adapter served (a vllm LoRARequest), when the policy is an adapter
+        # Where its weights live (its engine runs in this process): a refresh may stage them there.
+        self.device = torch.device(f"cuda:{torch.cuda.current_device()}" if torch.cuda.is_available() else "cpu")
 
     @classmethod
     def load(

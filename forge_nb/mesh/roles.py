@@ -208,6 +208,8 @@ class Roles(Supervised):
         manifests = [_with_stream_options(m, self._weights) for m in ranks]
         chosen = set(wait(self.generator.attach.call(manifests, transport)).values())
         on_gang(self.trainer, "unlink_shared_memory")
+        # Every reader on the trainer's GPU snapshots: the trainer stops copying versions to host memory.
+        on_gang(self.trainer, "host_snapshots", chosen != {"cuda_ipc"})
         return "+".join(sorted(chosen))
 
     def generate(self, prompts: list[str], sampling: SamplingParams) -> Generation:

@@ -14,7 +14,7 @@ back together from every rank's slot (`weights.shards`).
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,6 +45,8 @@ class WeightManifest:
     chunks in order (read in parallel). `shm_paths`, when set, name the same two buffers as files in
     /dev/shm, which a reader on the same host (`host`) maps instead of going through RDMA. `stream`,
     when set, is where the trainer serves both buffers over TCP (`weights.stream`: the cross-host path).
+    `ipc`, when set, opens the GPU copies of both buffers on the trainer's host (`weights.cuda_ipc`);
+    `rdma`, `shm_paths` and `stream` are empty when the trainer keeps its snapshots on its GPU only.
     """
 
     slots: tuple[TensorSlot, ...]
@@ -57,6 +59,7 @@ class WeightManifest:
     stream: Any = None  # weights.stream.StreamSpec
     rank: int = 0  # which of the trainer's `ranks` publishes these buffers (their shards, when ranks > 1)
     ranks: int = 1
+    ipc: Any = None  # weights.cuda_ipc.IpcSpec: the same snapshots in the trainer's GPU memory, when it has one
 
 
 def layout(
@@ -87,6 +90,23 @@ def views(flat: torch.Tensor, slots: Iterable[TensorSlot]) -> Iterator[tuple[str
 def header(flat: torch.Tensor) -> torch.Tensor:
     """[version, nonce] as an int64 view of a buffer's header."""
     return flat[:16].view(torch.int64)
+
+
+def stamped_copy(
+    buffer: torch.Tensor,
+    targets: dict[str, torch.Tensor],
+    named: Sequence[tuple[str, torch.Tensor]],
+    version: int,
+    nonce: int,
+) -> None:
+    """Copy `named` into their `targets` (views of `buffer`): the header says WRITING meanwhile, then
+    (version, nonce)."""
+    stamp = header(buffer)
+    stamp[0] = WRITING
+    for name, t in named:
+        targets[name].copy_(t)
+    stamp[1] = nonce
+    stamp[0] = version
 
 
 def checksum(named_tensors: Iterable[tuple[str, torch.Tensor]]) -> str:

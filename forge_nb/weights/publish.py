@@ -5,6 +5,13 @@ registered with Monarch RDMA in chunks. A publish copies the parameters (convert
 configured) into buffer `version % 2`: header set to WRITING, tensors copied, header set to the
 version. Readers copy from a snapshot, never from live parameters, so the optimizer may step as
 soon as `publish` returns; a reader of version v is safe until version v + 2 is published.
+
+A trainer on a GPU also keeps the two snapshots in its GPU's memory (`weights.cuda_ipc`), laid out
+the same: a generator on a GPU of the same host opens them through CUDA IPC handles and copies device
+to device, with no trip through host memory. `host=False` keeps only those (every reader on the host's
+GPUs: no copy to host memory at all); `keep_host` turns the host copies off when every reader took CUDA IPC
+(on a GPU the copy to host memory is the publish's cost: 574 ms against 2.7 ms for 1.18 GB on an H100,
+`make gpu-check`), and on again when one does not.
 """
 
 from __future__ import annotations
@@ -18,7 +25,8 @@ from pathlib import Path
 
 import torch
 
-from forge_nb.weights.manifest import WRITING, WeightManifest, header, host_id, layout, views
+from forge_nb.weights.cuda_ipc import GpuSnapshots
+from forge_nb.weights.manifest import WRITING, WeightManifest, header, host_id, layout, stamped_copy, views
 
 SHM_DIR = Path("/dev/shm")
 
@@ -36,17 +44,24 @@ class WeightPublisher:
         rows: dict[str, tuple[int, int]] | None = None,
         rank: int = 0,
         ranks: int = 1,
+        device: torch.device | None = None,
+        host: bool = True,
     ) -> None:
         """Buffers laid out for `named_tensors` (their shapes and dtypes), holding them as `version`.
         A sharded trainer's rank `rank` of `ranks` publishes its shards: `rows` says which rows of each
-        whole tensor they are (`weights.manifest.layout`)."""
+        whole tensor they are (`weights.manifest.layout`). A CUDA `device`: two more buffers in its memory,
+        for CUDA IPC readers; `host` False: those only."""
         named = list(named_tensors)
         self.rank, self.ranks = rank, ranks
         self.slots, self.nbytes = layout(named, dtype, rows)
         self.nonce = random.getrandbits(62)
         self.chunk_bytes = chunk_mb << 20
-        self.shm_paths = self._shm_paths() if use_shm else None
-        self.buffers = [self._allocate(i) for i in range(2)]
+        self.shm_paths = self._shm_paths() if use_shm and host else None
+        self.buffers = [self._allocate(i) for i in range(2)] if host else []
+        self.host_live = host  # whether each publish also writes the host buffers
+        self.gpu = GpuSnapshots(self.nbytes, device) if device is not None and device.type == "cuda" else None
+        if self.gpu is None and not host:
+            raise ValueError("a publisher with no host buffers needs a CUDA device for its GPU ones")
         self._targets = [dict(views(b, self.slots)) for b in self.buffers]
         self._rdma: tuple | None = None
         self._server = None  # weights.stream.ChunkServer, started with the first manifest
@@ -71,20 +86,30 @@ class WeightPublisher:
         """Copy `named_tensors` into buffer `version % 2` and stamp it as `version`."""
         if version == self.version:
             return
-        buffer, targets = self.buffers[version % 2], self._targets[version % 2]
-        stamp = header(buffer)
-        stamp[0] = WRITING
-        for name, t in named_tensors:
-            targets[name].copy_(t)
-        stamp[1] = self.nonce
-        stamp[0] = version
+        named = list(named_tensors)
+        if self.gpu is not None:
+            self.gpu.publish(named, self.slots, version, self.nonce)
+        if self.host_live:
+            stamped_copy(self.buffers[version % 2], self._targets[version % 2], named, version, self.nonce)
         self.version = version
 
-    def manifest(self) -> WeightManifest:
-        """The layout and the handles readers pull from (RDMA registered on first use)."""
-        if self._rdma is None:
+    @torch.no_grad()
+    def keep_host(self, on: bool, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Write the host buffers at every publish (`on`), or not: only a publisher with GPU snapshots
+        may stop. Turned on again, the version published last is copied there now (`named_tensors`)."""
+        if on == self.host_live or not self.buffers or (not on and self.gpu is None):
+            return
+        if on:
+            index = self.version % 2
+            stamped_copy(self.buffers[index], self._targets[index], list(named_tensors), self.version, self.nonce)
+        self.host_live = on
+
+    def manifest(self, rdma: bool = True) -> WeightManifest:
+        """The layout and the handles readers pull from (RDMA registered on first use; `rdma` False: none,
+        for a process without Monarch)."""
+        if self._rdma is None and rdma and self.buffers:
             self._rdma = tuple(self._register(b) for b in self.buffers)
-        if self._server is None:
+        if self._server is None and self.buffers:
             from forge_nb.weights.stream import ChunkServer
 
             self._server = ChunkServer(self.buffers)
@@ -94,11 +119,12 @@ class WeightPublisher:
             self.nonce,
             host_id(),
             self.chunk_bytes,
-            self._rdma,
+            self._rdma or (),
             self.shm_paths,
-            self._server.spec,
+            self._server.spec if self._server is not None else None,
             self.rank,
             self.ranks,
+            self.gpu.handles() if self.gpu is not None else None,
         )
 
     def _register(self, buffer: torch.Tensor) -> tuple:

@@ -1,6 +1,8 @@
 """Generator side of a weight refresh: pull a published version and load it.
 
-Transport is chosen once per receiver: a reader on the publisher's host maps the /dev/shm buffers
+Transport is chosen once per receiver: a reader on a GPU of the publisher's host, when the trainer
+keeps its snapshots on that GPU, opens them by CUDA IPC and copies device to device ("cuda_ipc",
+`weights.cuda_ipc`); a reader on the publisher's host maps the /dev/shm buffers
 and copies from them (memcpy speed); anywhere else it reads over the trainer's TCP streams
 (`weights.stream`, several in parallel), or over Monarch RDMA, chunks in parallel ("rdma": the path
 for real RDMA NICs; over Monarch's TCP fallback it is the slower of the two).
@@ -21,10 +23,11 @@ from pathlib import Path
 
 import torch
 
+from forge_nb.weights.cuda_ipc import copy_stamped, open_snapshots
 from forge_nb.weights.manifest import WeightManifest, header, host_id
 from forge_nb.weights.shards import assembled, check_cover
 
-TRANSPORTS = ("auto", "shm", "tcp", "rdma")
+TRANSPORTS = ("auto", "cuda_ipc", "shm", "tcp", "rdma")
 
 
 class RefreshError(RuntimeError):
@@ -78,15 +81,21 @@ class WeightReceiver:
     put together only when every rank's copy is the version asked for)."""
 
     def __init__(
-        self, manifests: WeightManifest | Sequence[WeightManifest], version: int = 0, transport: str = "auto"
+        self,
+        manifests: WeightManifest | Sequence[WeightManifest],
+        version: int = 0,
+        transport: str = "auto",
+        device: torch.device | str = "cpu",
     ) -> None:
+        """`device`: where the engine's weights live; a CUDA one lets "auto" take CUDA IPC, whose copies
+        are staged there (the other transports stage in host memory)."""
         if transport not in TRANSPORTS:
             raise ValueError(f"weights transport must be one of {TRANSPORTS}, got {transport!r}")
         self.manifests = [manifests] if isinstance(manifests, WeightManifest) else list(manifests)
         if len(self.manifests) > 1:
             check_cover(self.manifests)
         self.version = version
-        self.sources = [_Source(m, transport) for m in self.manifests]
+        self.sources = [_Source(m, transport, torch.device(device)) for m in self.manifests]
         self.nbytes = sum(m.nbytes for m in self.manifests)
         self.transport = "+".join(sorted({s.transport for s in self.sources}))
 
@@ -111,10 +120,18 @@ class WeightReceiver:
 
 class _Source:
     """One publisher's two buffers (a trainer rank's) and how this receiver copies them into `staging`:
-    mapped from /dev/shm on its host, else over its TCP streams, else Monarch RDMA."""
+    opened by CUDA IPC on a GPU of its host, else mapped from /dev/shm on its host, else over its TCP
+    streams, else Monarch RDMA."""
 
-    def __init__(self, manifest: WeightManifest, transport: str) -> None:
+    def __init__(self, manifest: WeightManifest, transport: str, device: torch.device) -> None:
         self.manifest = manifest
+        self._gpu = self._open_gpu(transport, device)
+        if self._gpu is not None:
+            self.staging, self.transport = torch.empty(manifest.nbytes, dtype=torch.uint8, device=device), "cuda_ipc"
+            self._mapped = self._stream = None
+            return
+        if not manifest.shm_paths and not manifest.rdma and manifest.stream is None:
+            raise ValueError(f"{self._who()}the trainer's snapshots are on its GPU only: this reader cannot open them")
         self.staging = torch.empty(manifest.nbytes, dtype=torch.uint8)
         self._mapped = self._map_shm() if transport in ("auto", "shm") else None
         if transport == "shm" and self._mapped is None:
@@ -128,6 +145,17 @@ class _Source:
             raise ValueError("weights transport 'tcp' asked for, but the publisher serves no TCP stream")
         self.transport = "shm" if self._mapped is not None else "tcp" if self._stream is not None else "rdma"
 
+    def _open_gpu(self, transport: str, device: torch.device) -> list[torch.Tensor] | None:
+        if transport not in ("auto", "cuda_ipc"):
+            return None
+        opened = open_snapshots(self.manifest.ipc) if device.type == "cuda" else None
+        if transport == "cuda_ipc" and opened is None:
+            raise ValueError(
+                "weights transport 'cuda_ipc' asked for, but the trainer's GPU snapshots cannot be opened here "
+                "(it takes a trainer on a GPU and a generator on a GPU of its host that sees the trainer's GPU)"
+            )
+        return opened
+
     def _map_shm(self) -> list[torch.Tensor] | None:
         m = self.manifest
         if m.shm_paths is None or m.host != host_id() or not all(Path(p).exists() for p in m.shm_paths):
@@ -139,6 +167,8 @@ class _Source:
     async def copy(self, index: int, serving: int) -> torch.Tensor:
         """Buffer `index` into `staging` -> its header as it was after the copy (`serving`: the version
         that stays live if the copy fails)."""
+        if self._gpu is not None:
+            return copy_stamped(self._gpu[index], self.staging)
         if self._mapped is not None:
             source = self._mapped[index]
             self.staging.copy_(source)
