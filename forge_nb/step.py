@@ -150,11 +150,18 @@ def log_batch(
         state.trackers.on_batch(state.step_count, batch.to_pandas())
 
 
+NAN = float("nan")
+TRAINER_READS = ("entropy", "clip_fraction", "kl_ref", "response_length", "response_length_max")
+
+
 @dataclass(frozen=True)
 class StepRow:
     """One trained batch. Times in seconds; `tokens_per_s` generated tokens per generation second;
     `refresh_gbps` in 1e9 bytes/s (0 in async runs, whose refreshes happen between generator
-    batches). `staleness` = trainer version - version that generated the batch, at train time."""
+    batches). `staleness` = trainer version - version that generated the batch, at train time.
+    Read by the trainer on the policy's tokens before its step (`rl.train_step.policy_update`; NaN when no
+    step ran): `entropy` (nats per token), `clip_fraction`, `kl_ref` (k3 KL to the reference, NaN without
+    one), `response_length` (mean policy tokens per sequence) and `response_length_max`."""
 
     step: int
     mode: str  # "sync" or "async"
@@ -176,6 +183,11 @@ class StepRow:
     refresh_gbps: float
     loss: float
     grad_norm: float
+    entropy: float
+    clip_fraction: float
+    kl_ref: float
+    response_length: float
+    response_length_max: float
     step_s: float
 
     @classmethod
@@ -209,6 +221,7 @@ class StepRow:
             refresh_gbps=refresh["gbps"] if refresh else 0.0,
             loss=train["loss"],
             grad_norm=train["grad_norm"],
+            **{name: train.get(name, NAN) for name in TRAINER_READS},
             step_s=step_s,
         )
 

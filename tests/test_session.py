@@ -56,6 +56,10 @@ def test_step_returns_one_row_per_step_and_feeds_the_metrics_stream(session):
     df = session.step(2)
     assert list(df.index) == [start + 1, start + 2]
     assert {"mean_reward", "accuracy", "tokens_per_s", "generate_s", "train_s", "refresh_gbps"} <= set(df.columns)
+    # What a researcher reads of the update (NaN only for a step that had nothing to train on).
+    trained = df[df.loss != 0]
+    assert (trained.entropy > 0).all() and (trained.clip_fraction == 0).all()  # sync: on-policy
+    assert (df.response_length <= df.response_length_max).all() and df.kl_ref.isna().all()  # no reference here
     kinds = set(session.metrics.kind)
     assert {"rollout", "train", "sync", "step"} <= kinds
     status = session.status()

@@ -30,8 +30,9 @@ JUDGE = ("verdicts_per_s", "latency_s")  # from "judge" rows: the judge's own th
 
 class Dashboard:
     """Reward / accuracy, tokens/s, time per phase, refresh GB/s, judge verdicts/s and latency, an agent's
-    turns per trajectory and tool calls / errors; versions and staleness; buttons; below, the sample
-    explorer, opened on a step by clicking a point of the reward curve."""
+    turns per trajectory and tool calls / errors, the policy's entropy, response lengths, clip fraction and KL
+    to the reference; versions and staleness; buttons; below, the sample explorer, opened on a step by
+    clicking a point of the reward curve."""
 
     def __init__(self, session, max_hz: float = 4.0) -> None:
         self.session = session
@@ -172,15 +173,19 @@ PLOTS = {
     (3, 2): ("judge latency per call (s)", ["latency_s"]),
     (4, 1): ("agent: model calls per trajectory", ["turns"]),
     (4, 2): ("agent: tool calls per step", ["tool_calls", "tool_errors"]),
+    (5, 1): ("policy entropy (nats per token)", ["entropy"]),
+    (5, 2): ("response length (policy tokens)", ["response_length", "response_length_max"]),
+    (6, 1): ("clip fraction (ratio outside the clip range)", ["clip_fraction"]),
+    (6, 2): ("KL to the reference (k3, per token)", ["kl_ref"]),
 }
 
 
 def _figure() -> go.FigureWidget:
     fig = make_subplots(
-        rows=4,
+        rows=6,
         cols=2,
         horizontal_spacing=0.06,
-        vertical_spacing=0.08,
+        vertical_spacing=0.06,
         subplot_titles=[title for title, _ in PLOTS.values()],
     )
     legends = {}
@@ -205,9 +210,9 @@ def _figure() -> go.FigureWidget:
             trace = go.Scatter(x=[], y=[], name=label, meta=name, mode=mode, legend=legend, **kwargs)
             fig.add_trace(trace, row, col)
     # No fixed width: the figure takes the cell's width (JupyterLab's output area), with its legends.
-    fig.update_layout(height=1000, autosize=True, margin={"l": 50, "r": 20, "t": 40, "b": 40}, **legends)
+    fig.update_layout(height=1400, autosize=True, margin={"l": 50, "r": 20, "t": 40, "b": 40}, **legends)
     fig.update_xaxes(tickformat="d")
-    fig.update_xaxes(title_text="step", row=4)
+    fig.update_xaxes(title_text="step", row=6)
     return go.FigureWidget(fig)
 
 

@@ -26,13 +26,13 @@ def available() -> bool:
 
 def step_figure(steps: pd.DataFrame, title: str = "") -> Any:
     """The dashboard's panels as one matplotlib figure: reward and accuracy, generated tokens/s, time
-    per phase (stacked seconds), refresh GB/s, each against the step. `steps` has one row per step
-    (a "step" column or index)."""
+    per phase (stacked seconds), refresh GB/s, the policy's entropy and response lengths, each against the
+    step. `steps` has one row per step (a "step" column or index)."""
     from matplotlib.figure import Figure
 
     df = steps.reset_index() if "step" not in steps.columns else steps
-    fig = Figure(figsize=(10, 5.6), layout="constrained")
-    (reward, tokens), (phases, refresh) = fig.subplots(2, 2, sharex=True)
+    fig = Figure(figsize=(10, 8.4), layout="constrained")
+    (reward, tokens), (phases, refresh), (entropy, lengths) = fig.subplots(3, 2, sharex=True)
     reward.plot(df.step, df.mean_reward, label="mean_reward")
     reward.plot(df.step, df.accuracy, ":", label="accuracy")
     reward.set_title("reward and accuracy")
@@ -45,9 +45,16 @@ def step_figure(steps: pd.DataFrame, title: str = "") -> Any:
     phases.legend(loc="upper left", fontsize="small", ncols=len(present))
     refresh.plot(df.step, df.refresh_gbps, color="tab:purple")
     refresh.set_title("refresh GB/s")
-    for ax in (phases, refresh):
+    if "entropy" in df.columns:  # step rows from before forge_nb logged them have none
+        entropy.plot(df.step, df.entropy, color="tab:brown")
+        lengths.plot(df.step, df.response_length, label="mean")
+        lengths.plot(df.step, df.response_length_max, ":", label="max")
+        lengths.legend(loc="lower right", fontsize="small")
+    entropy.set_title("policy entropy (nats per token)")
+    lengths.set_title("response length (policy tokens)")
+    for ax in (entropy, lengths):
         ax.set_xlabel("step")
-    for ax in (reward, tokens, phases, refresh):
+    for ax in (reward, tokens, phases, refresh, entropy, lengths):
         ax.grid(alpha=0.3)
     if title:
         fig.suptitle(title)

@@ -83,9 +83,11 @@ class Policy:
         max_grad_norm: float,
         check_loss: Callable[[torch.Tensor], torch.Tensor],
         skip_zero_advantage: bool,
+        clip: tuple[float, float] = (0.2, 0.2),
     ) -> tuple[dict[str, float], list[list[float]] | None]:
         """One optimizer step on the whole `batch` (this rank runs its part) -> (metrics, each completion's
-        token logprobs before the step when `batch.keep_logprobs`)."""
+        token logprobs before the step when `batch.keep_logprobs`). `clip`: the ratio range the
+        `clip_fraction` metric counts against (`rl.train_step.policy_update`)."""
         tokens = batch.collate(self.spec.pad_id, self.spec.trainer.activation_checkpointing).to(self.device)
         try:
             metrics, logprobs = policy_update(
@@ -98,6 +100,7 @@ class Policy:
                 check_loss,
                 skip_zero_advantage,
                 self.split(),
+                clip,
             )
         except BaseException:
             self._abandon_step()

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from forge_nb.rl import entropy
 from forge_nb.rl.episode import Episode
 from forge_nb.rl.prefix_batch import PrefixBatch, collate_prefix
 
@@ -139,5 +140,6 @@ def token_logprobs(model: nn.Module, batch: TokenBatch, temperature: float = 1.0
     if temperature > 0:
         logits = logits / temperature
     logp = torch.log_softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), -1)  # bf16: in fp32
+    entropy.note(logp, batch.completion_mask)
     picked = logp.gather(-1, batch.input_ids[:, 1:, None])[..., 0]
     return picked * batch.completion_mask

@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from forge_nb.padding import left_padded
+from forge_nb.rl import entropy
 
 
 @dataclass
@@ -133,6 +134,7 @@ def prefix_logprobs(model: nn.Module, batch: PrefixBatch, temperature: float = 1
     if temperature > 0:
         logits = logits / temperature
     logp = torch.log_softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), -1)  # bf16: in fp32
+    entropy.note(logp, batch.completion_mask)
     return logp.gather(-1, batch.completion_ids[..., None])[..., 0] * batch.completion_mask
 
 

@@ -13,6 +13,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from forge_nb.rl import entropy
 from forge_nb.rl.batch import TokenBatch
 from forge_nb.rl.losses import kl_k3, masked_mean
 from forge_nb.rl.prefix_batch import PrefixBatch
@@ -54,10 +55,17 @@ def policy_update(
     check_loss: Callable[[torch.Tensor], torch.Tensor] = lambda loss: loss,
     skip_zero_advantage: bool = False,
     split: Split = ONE_RANK,
+    clip: tuple[float, float] = (0.2, 0.2),
 ) -> tuple[dict[str, float], torch.Tensor]:
-    """Forward, loss, backward, clip, step -> (metrics: loss, grad_norm, ratio stats, tokens; the policy's
-    logprobs of the batch's tokens before the step [B, T], detached: for rows left out, their behaviour
-    logprobs).
+    """Forward, loss, backward, clip, step -> (metrics: loss, grad_norm, ratio stats, tokens, entropy; the
+    policy's logprobs of the batch's tokens before the step [B, T], detached: for rows left out, their
+    behaviour logprobs).
+
+    Read on the policy's own tokens (the loss mask) before the step: `entropy`, the policy's mean entropy
+    per token (nats, at ``logits / temperature``: `rl.entropy`); `clip_fraction`, the share of tokens whose
+    ratio to the behaviour policy lies outside ``[1 - clip[0], 1 + clip[1]]`` (the algorithm's clip range,
+    whichever loss runs; ~0 on-policy, it grows with staleness); `response_length` and
+    `response_length_max`, the policy tokens per sequence.
 
     The loss always sees the whole batch: `loss_fn` runs once, on the logprobs of every row, with the
     whole batch's normaliser, whatever `split` says. Split over ranks and micro-batches (`rl.split`),
@@ -86,18 +94,22 @@ def policy_update(
     mask = batch.loss_mask  # the policy's own tokens (multi-turn: not tool results or environment messages)
     extra = {"ref_logprobs": batch.ref_logprobs} if batch.ref_logprobs is not None and takes_ref(loss_fn) else {}
     optimizer.zero_grad(set_to_none=True)
-    if work.count == 1:
-        loss, logprobs = _one_pass(model, batch, work, ran, split, temperature, loss_fn, extra, check_loss)
-    else:
-        loss, logprobs = _two_passes(model, batch, work, ran, split, temperature, loss_fn, extra, check_loss)
+    entropies = torch.zeros_like(batch.old_logprobs)
+    one = work.count == 1
+    passes = _one_pass if one else _two_passes
+    loss, logprobs = passes(model, batch, work, ran, split, temperature, loss_fn, extra, check_loss, entropies)
+    split.sum_across(entropies)
     grad_norm = clip_gradients(model, max_grad_norm, split)
     if not torch.isfinite(grad_norm):
         optimizer.zero_grad(set_to_none=True)
         raise NonFiniteGradient(f"backward produced a non-finite gradient norm ({grad_norm.item()})")
     optimizer.step()
     with torch.no_grad():
+        lengths = mask.sum(1)
         mask = mask * ran[:, None]
         log_ratio = (logprobs - batch.old_logprobs) * mask
+        ratio = log_ratio.exp()
+        clipped = ((ratio < 1 - clip[0]) | (ratio > 1 + clip[1])).to(mask.dtype)
         ref = {}
         if batch.ref_logprobs is not None:  # k3 KL(policy || reference) on the batch's tokens, before the step
             ref["kl_ref"] = masked_mean(kl_k3(logprobs, batch.ref_logprobs), mask).item()
@@ -108,17 +120,22 @@ def policy_update(
             # k1 estimate of KL(behaviour || current) on the batch's own tokens.
             "approx_kl": masked_mean(-log_ratio, mask).item(),
             "max_abs_logprob_diff": log_ratio.abs().max().item(),
+            "entropy": masked_mean(entropies, mask).item(),
+            "clip_fraction": masked_mean(clipped, mask).item(),
+            "response_length": lengths.float().mean().item(),
+            "response_length_max": int(lengths.max().item()),
             "tokens": int(batch.loss_mask.sum().item()),
             "rows_skipped": int((~ran).sum().item()),
             "micro_batches": work.count,
         }, logprobs
 
 
-def _one_pass(model, batch, work, ran, split, temperature, loss_fn, extra, check_loss):
+def _one_pass(model, batch, work, ran, split, temperature, loss_fn, extra, check_loss, entropies):
     """One micro-batch on this rank: its logprobs keep their graph; the other ranks' rows join as
-    constants -> (loss, the whole batch's logprobs [B, T] detached), backward done."""
+    constants -> (loss, the whole batch's logprobs [B, T] detached), backward done; this rank's rows
+    of `entropies` filled in."""
     rows = work.micro_batches[0] if work.micro_batches else None
-    mine = _run(model, batch, rows, temperature)
+    mine = _run(model, batch, rows, temperature, entropies)
     values = torch.zeros_like(batch.old_logprobs)
     if rows is not None:
         values[rows] = mine.detach().to(values.dtype)
@@ -132,11 +149,12 @@ def _one_pass(model, batch, work, ran, split, temperature, loss_fn, extra, check
     return loss.detach(), full
 
 
-def _two_passes(model, batch, work, ran, split, temperature, loss_fn, extra, check_loss):
+def _two_passes(model, batch, work, ran, split, temperature, loss_fn, extra, check_loss, entropies):
     """Several micro-batches: logprobs without a graph, the loss's gradient G with respect to them, then
-    each micro-batch again, back-propagated with its rows of G -> (loss, logprobs [B, T] detached)."""
+    each micro-batch again, back-propagated with its rows of G -> (loss, logprobs [B, T] detached); this
+    rank's rows of `entropies` filled in by the first pass."""
     with torch.no_grad():
-        full = _gathered(_pass(model, batch, work, temperature), batch, ran, split)
+        full = _gathered(_pass(model, batch, work, temperature, entropies), batch, ran, split)
     leaf = full.clone().requires_grad_(True)
     loss = check_loss(loss_fn(leaf, batch.old_logprobs, batch.advantages, batch.loss_mask, **extra))
     (grad,) = torch.autograd.grad(loss, leaf)
@@ -159,24 +177,40 @@ def forward_logprobs(
     return values
 
 
-def _pass(model: nn.Module, batch: PrefixBatch | TokenBatch, work: Plan, temperature: float) -> torch.Tensor:
+def _pass(
+    model: nn.Module,
+    batch: PrefixBatch | TokenBatch,
+    work: Plan,
+    temperature: float,
+    entropies: torch.Tensor | None = None,
+) -> torch.Tensor:
     """This rank's micro-batches (and fillers) through the model -> [B, T], 0 on the other ranks' rows."""
     values = torch.zeros_like(batch.old_logprobs)
     for i in range(work.count):
         rows = work.micro_batches[i] if i < len(work.micro_batches) else None
-        lp = _run(model, batch, rows, temperature)
+        lp = _run(model, batch, rows, temperature, entropies)
         if rows is not None:
             values[rows] = lp.to(values.dtype)
     return values
 
 
-def _run(model: nn.Module, batch: PrefixBatch | TokenBatch, rows: torch.Tensor | None, temperature: float):
+def _run(
+    model: nn.Module,
+    batch: PrefixBatch | TokenBatch,
+    rows: torch.Tensor | None,
+    temperature: float,
+    entropies: torch.Tensor | None = None,
+):
     """Logprobs of `rows` ([K] long) -> [K, T]; `rows` None: a zero-gradient filler (the first row) that
-    makes the same model calls, for a rank with fewer micro-batches than the busiest."""
-    if rows is not None and len(rows) == len(batch.advantages):  # every row, in order: no copy
-        return batch.logprobs(model, temperature)
-    picked = batch.select(rows if rows is not None else torch.zeros(1, dtype=torch.long))
-    return picked.logprobs(model, temperature)
+    makes the same model calls, for a rank with fewer micro-batches than the busiest. With `entropies`
+    [B, T], the rows' per-token entropy goes there (`rl.entropy`)."""
+    whole = rows is not None and len(rows) == len(batch.advantages)  # every row, in order: no copy
+    picked = batch if whole else batch.select(rows if rows is not None else torch.zeros(1, dtype=torch.long))
+    with entropy.taking() as taken:
+        lp = picked.logprobs(model, temperature)
+    if entropies is not None and rows is not None and taken:
+        entropies[rows] = taken[-1].to(entropies.dtype)
+    return lp
 
 
 def _gathered(values: torch.Tensor, batch, ran: torch.Tensor, split: Split) -> torch.Tensor:
@@ -220,5 +254,8 @@ def _zero_gradient_step(model: nn.Module, optimizer: torch.optim.Optimizer, batc
     optimizer.step()
     rows = int(batch.advantages.numel())
     tokens = int(batch.loss_mask.sum().item())
-    stats = {"loss": 0.0, "grad_norm": 0.0, "approx_kl": 0.0, "max_abs_logprob_diff": 0.0}
-    return {**stats, "tokens": tokens, "rows_skipped": rows, "micro_batches": 0}
+    stats = {"loss": 0.0, "grad_norm": 0.0, "approx_kl": 0.0, "max_abs_logprob_diff": 0.0, "clip_fraction": 0.0}
+    lengths = batch.loss_mask.sum(1).float()
+    length = {"response_length": lengths.mean().item(), "response_length_max": int(lengths.max().item())}
+    # No forward ran: the entropy is not known this step.
+    return {**stats, **length, "entropy": float("nan"), "tokens": tokens, "rows_skipped": rows, "micro_batches": 0}

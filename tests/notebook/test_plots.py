@@ -20,3 +20,24 @@ def test_step_rows_draw_to_a_png():
     assert plots.available()
     png = plots.png(plots.step_figure(steps, title="run"))
     assert png.startswith(b"\x89PNG") and len(png) > 10_000
+
+
+def test_the_picture_has_the_policys_entropy_and_response_lengths():
+    steps = pd.DataFrame(
+        {
+            "step": [1, 2],
+            "mean_reward": [0.2, 0.4],
+            "accuracy": [0.1, 0.3],
+            "tokens_per_s": [900.0, 1100.0],
+            "train_s": [0.2, 0.2],
+            "refresh_gbps": [1.0, 1.2],
+            "entropy": [1.9, 1.7],
+            "response_length": [11.5, 10.0],
+            "response_length_max": [16, 16],
+        }
+    )
+    fig = plots.step_figure(steps)
+    titles = [ax.get_title() for ax in fig.axes]
+    assert "policy entropy (nats per token)" in titles and "response length (policy tokens)" in titles
+    entropy = fig.axes[titles.index("policy entropy (nats per token)")]
+    assert list(entropy.lines[0].get_ydata()) == [1.9, 1.7]
