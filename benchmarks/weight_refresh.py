@@ -3,6 +3,8 @@
 forge_nb (auto)   the product path between two procs: publish into the double buffer, pull, check,
                   load into the receiver's tensors (same host -> /dev/shm mapping)
 forge_nb (rdma)   the same, forced over Monarch RDMABuffers, chunks read in parallel
+forge_nb (group)  the same snapshot broadcast by the publisher through a process group of its own
+                  (weights.transport="group": gloo here, NCCL on GPUs), checked and loaded as above
 raw RDMABuffer    one RDMABuffer over the whole snapshot, one read_into (no load)
 gloo broadcast    torch.distributed gloo, 2 processes, one tensor of the same size
 memcpy            in-process tensor copy
@@ -20,6 +22,8 @@ memcpy            in-process tensor copy
 from __future__ import annotations
 
 import argparse
+import asyncio
+import dataclasses
 import os
 import statistics
 import time
@@ -31,6 +35,7 @@ import torch.multiprocessing as mp
 from monarch.actor import Actor, endpoint, this_host
 
 from forge_nb.mesh.calls import wait
+from forge_nb.weights.group import GroupEnd, GroupSpec, group_spec
 from forge_nb.weights.publish import WeightPublisher
 from forge_nb.weights.refresh import WeightReceiver
 
@@ -60,6 +65,19 @@ class Publisher(Actor):
         return self.version
 
     @endpoint
+    def group(self) -> GroupSpec:
+        self.spec = group_spec(("127.0.0.1",), 2, "gloo", 120.0)
+        return self.spec
+
+    @endpoint
+    def join(self) -> None:
+        self.end = GroupEnd(self.spec, 0)
+
+    @endpoint
+    def send(self, version: int) -> None:
+        self.end.broadcast(self.publisher.snapshot(version))
+
+    @endpoint
     def raw_buffer(self):
         from monarch.rdma import RDMABuffer
 
@@ -85,7 +103,8 @@ class Receiver(Actor):
 
     @endpoint
     async def attach(self, manifest, transport: str) -> str:
-        self.receivers[transport] = WeightReceiver(manifest, 0, transport)
+        make = lambda: WeightReceiver(manifest, 0, transport, member=1)  # noqa: E731
+        self.receivers[transport] = await asyncio.to_thread(make)  # "group": joins while the publisher does
         return self.receivers[transport].transport
 
     @endpoint
@@ -163,12 +182,18 @@ def mesh_seconds(size_bytes: int, reps: int) -> dict[str, float]:
         receiver = rec_procs.spawn("receiver", Receiver, size_bytes)
         manifest = wait(publisher.manifest.call_one())
         chosen = {t: wait(receiver.attach.call_one(manifest, t)) for t in ("auto", "rdma")}
+        grouped = dataclasses.replace(manifest, group=wait(publisher.group.call_one()))
+        joined, attached = publisher.join.call_one(), receiver.attach.call_one(grouped, "group")
+        chosen["group"], _ = wait(attached), wait(joined)
         out = {}
-        for transport in ("auto", "rdma"):
+        for transport in ("auto", "rdma", "group"):
             times = []
             for _ in range(reps + 1):  # the first refresh warms up
                 version = wait(publisher.step.call_one())
+                sent = publisher.send.call_one(version) if transport == "group" else None
                 times.append(wait(receiver.refresh.call_one(transport, version)))
+                if sent is not None:
+                    wait(sent)
             out[f"forge_nb ({transport}->{chosen[transport]})"] = statistics.median(times[1:])
         raw = wait(publisher.raw_buffer.call_one())
         wait(receiver.raw_read.call_one(raw))

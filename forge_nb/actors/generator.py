@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -98,11 +99,14 @@ class Generator(AsyncForgeActor):
         return Generation(completions, self.version, time.perf_counter() - start)
 
     @endpoint
-    async def attach(self, manifests: list[WeightManifest], transport: str) -> str:
+    async def attach(self, manifests: list[WeightManifest], transport: str, member: int = 0) -> str:
         """Remember where the trainer publishes: its one snapshot, or every rank's shards (once per
         session; refreshes then move only bytes) -> the transport chosen ("cuda_ipc" between GPUs of the
-        trainer's host, "shm" on its host, "tcp" elsewhere, or "rdma"; "shm+tcp" when ranks differ)."""
-        self.receiver = WeightReceiver(manifests, self.version, transport, self.engine.device)
+        trainer's host, "shm" on its host, "tcp" elsewhere, or "rdma"; "shm+tcp" when ranks differ). With
+        "group" this replica joins every trainer rank's broadcast group as `member` (replica i: i + 1)."""
+        self.receiver = None  # groups joined before (this replica's former receiver) are left first
+        make = lambda: WeightReceiver(manifests, self.version, transport, self.engine.device, member)  # noqa: E731
+        self.receiver = await asyncio.to_thread(make) if transport == "group" else make()
         return self.receiver.transport
 
     @endpoint

@@ -19,8 +19,10 @@ from forge_nb.parallel.gang import Gang, GangError, collectives
 from forge_nb.parallel.policy import Policy, PolicySpec
 from forge_nb.rl.batch import TrainBatch
 from forge_nb.rl.train_step import NonFiniteGradient
-from forge_nb.weights.manifest import WeightManifest, checksum
+from forge_nb.weights.group import GroupEnd, GroupSpec, group_spec
+from forge_nb.weights.manifest import WeightManifest, checksum, header
 from forge_nb.weights.publish import WeightPublisher
+from forge_nb.weights.stream import host_addresses
 
 STATE_FILE = "trainer_state.pt"
 
@@ -121,7 +123,7 @@ class Trainer(ForgeActor):
         shards, rows = self.policy.local_published()
         serve_dtype = getattr(torch, spec.serve_dtype)
         rank, ranks = self.gang.rank, self.gang.world
-        on_gpu = self.policy.device.type == "cuda" and spec.transport in ("auto", "cuda_ipc")
+        on_gpu = self.policy.device.type == "cuda" and spec.transport in ("auto", "cuda_ipc", "group")
         self.publisher = WeightPublisher(
             shards,
             self.version,
@@ -133,6 +135,8 @@ class Trainer(ForgeActor):
             device=self.policy.device if on_gpu else None,
             host=spec.transport != "cuda_ipc",
         )
+        self._group_spec: GroupSpec | None = None  # weights.transport "group": this rank's broadcast group
+        self._group: GroupEnd | None = None
         self._ready(device=str(self.policy.device), lora=self.policy.lora, **self.sizes())
 
     def sizes(self) -> dict[str, int]:
@@ -198,6 +202,28 @@ class Trainer(ForgeActor):
     def weights_manifest(self) -> WeightManifest:
         """Layout and handles of this rank's published snapshot (stable for the session)."""
         return self.publisher.manifest()
+
+    @endpoint
+    def weights_group(self, replicas: int, timeout_s: float) -> GroupSpec:
+        """A broadcast group for this rank's snapshots and `replicas` generators (`weights.group`): NCCL from
+        its GPU snapshots when it keeps them, else gloo from host memory. Joined by `join_weights_group`."""
+        backend = "nccl" if self.publisher.gpu is not None else "gloo"
+        self._group_spec = group_spec(host_addresses(), replicas + 1, backend, timeout_s)
+        return self._group_spec
+
+    @endpoint
+    def join_weights_group(self) -> None:
+        """Open the group as its member 0 (the generators join at once: this waits for them)."""
+        self._group = None  # a group left from before (the generators were replaced) is dropped
+        self._group = GroupEnd(self._group_spec, 0)
+
+    @endpoint
+    def send_weights(self, version: int) -> int:
+        """Broadcast this rank's snapshot of `version` to the group (the generators' refresh receives it)
+        -> the version the snapshot held (another, if it was overwritten since: the receivers refuse it)."""
+        snapshot = self.publisher.snapshot(version, on_gpu=self._group_spec.backend == "nccl")
+        self._group.broadcast(snapshot)
+        return int(header(snapshot)[0])
 
     @endpoint
     def unlink_shared_memory(self) -> None:

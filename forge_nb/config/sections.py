@@ -224,15 +224,19 @@ class SlurmConfig:
 @dataclass
 class WeightsConfig:
     # "auto": CUDA IPC between GPUs of the trainer's host, /dev/shm on its host, TCP streams elsewhere; or one of
-    # "cuda_ipc" (the trainer then keeps its snapshots on its GPU only), "shm", "tcp", "rdma"
+    # "cuda_ipc" (the trainer then keeps its snapshots on its GPU only), "shm", "tcp", "rdma", "group" (each trainer
+    # rank broadcasts to every generator through a process group: NCCL from GPU snapshots, else gloo)
     transport: str = "auto"
     chunk_mb: int = 16  # reads (RDMA or TCP) are split into chunks of this size, read in parallel
     streams: int = 4  # TCP connections a cross-host refresh reads over at once (4 beat 2 at 1 GB: README)
     stream_timeout_s: float = 10.0  # a TCP stream stalled this long fails the copy (tried 3 times in all)
+    group_timeout_s: float = 60.0  # "group": a broadcast (or joining a group) that takes longer fails on every member
     serve_dtype: str = "same"  # dtype the generator serves in ("same" as model.dtype, or "bfloat16", ...)
 
     def validate(self) -> None:
-        _choice("weights.transport", self.transport, ("auto", "cuda_ipc", "shm", "tcp", "rdma"))
+        _choice("weights.transport", self.transport, ("auto", "cuda_ipc", "shm", "tcp", "rdma", "group"))
+        if not self.group_timeout_s > 0:
+            raise ConfigError(f"weights.group_timeout_s must be > 0, got {self.group_timeout_s}")
         _at_least("weights.chunk_mb", self.chunk_mb, 1)
         _at_least("weights.streams", self.streams, 1)
         if not self.stream_timeout_s > 0:

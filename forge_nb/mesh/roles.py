@@ -29,7 +29,7 @@ from forge_nb.engines.base import SamplingParams
 from forge_nb.live.capture import LiveCode
 from forge_nb.live.registry import Member
 from forge_nb.live.validate import LossProbe
-from forge_nb.mesh import supervision
+from forge_nb.mesh import supervision, weight_groups
 from forge_nb.mesh.calls import leader, on_gang, replica, shards, wait
 from forge_nb.mesh.checker import ROLE as CHECKER
 from forge_nb.mesh.checker import Checker
@@ -97,7 +97,7 @@ class Roles(Supervised):
             self.info: dict[str, list[ActorInfo]] = {}  # filled by wait_ready
             self.weights_transport: str | None = None  # set by attach_weights
             self.engine, self.generator_procs, self.reward_procs = engine, m.generator_procs, m.reward_procs
-            self.transport, self._weights = config.weights.transport, config.weights
+            self.transport, self.weights_config = config.weights.transport, config.weights
             self._faults_seen, self._respawned_at = len(supervision.FAULTS), {}
             self._recovering = threading.RLock()  # heal and respawn, one thread at a time (`mesh.recovery`)
             self.restore_from: Callable[[], Path | None] | None = None  # the last checkpoint, to restore a trainer
@@ -205,7 +205,9 @@ class Roles(Supervised):
         """Every generator maps every trainer rank's snapshot (their manifests), then the /dev/shm names
         are dropped, so nothing can leak after (a later reader takes RDMA) -> the transport(s) chosen."""
         ranks = wait(self.trainer.weights_manifest.call()).values()  # each rank publishes its own shards
-        manifests = [_with_stream_options(m, self._weights) for m in ranks]
+        manifests = [_with_stream_options(m, self.weights_config) for m in ranks]
+        if transport == "group":
+            return weight_groups.attach(self, manifests)
         chosen = set(wait(self.generator.attach.call(manifests, transport)).values())
         on_gang(self.trainer, "unlink_shared_memory")
         # Every reader on the trainer's GPU snapshots: the trainer stops copying versions to host memory.
@@ -294,6 +296,8 @@ class Roles(Supervised):
         return self._supervised("generator", lambda: self._refresh(self.versions.trained))
 
     def _refresh(self, version: int) -> RefreshReport:
+        if self.transport == "group":
+            return weight_groups.refresh(self, version)
         report = RefreshReport.combine(list(wait(self.generator.refresh.call(version)).values()))
         self.versions.served = report.version
         return report

@@ -60,6 +60,7 @@ class WeightManifest:
     rank: int = 0  # which of the trainer's `ranks` publishes these buffers (their shards, when ranks > 1)
     ranks: int = 1
     ipc: Any = None  # weights.cuda_ipc.IpcSpec: the same snapshots in the trainer's GPU memory, when it has one
+    group: Any = None  # weights.group.GroupSpec: this rank's broadcast group, when the transport is "group"
 
 
 def layout(

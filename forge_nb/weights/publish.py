@@ -104,6 +104,11 @@ class WeightPublisher:
             stamped_copy(self.buffers[index], self._targets[index], list(named_tensors), self.version, self.nonce)
         self.host_live = on
 
+    def snapshot(self, version: int, on_gpu: bool = False) -> torch.Tensor:
+        """The flat buffer that holds (or held) `version`: in GPU memory with `on_gpu`, else in host memory."""
+        buffers = self.gpu.buffers if on_gpu else self.buffers
+        return buffers[version % 2]
+
     def manifest(self, rdma: bool = True) -> WeightManifest:
         """The layout and the handles readers pull from (RDMA registered on first use; `rdma` False: none,
         for a process without Monarch)."""

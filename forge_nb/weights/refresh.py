@@ -2,8 +2,9 @@
 
 Transport is chosen once per receiver: a reader on a GPU of the publisher's host, when the trainer
 keeps its snapshots on that GPU, opens them by CUDA IPC and copies device to device ("cuda_ipc",
-`weights.cuda_ipc`); a reader on the publisher's host maps the /dev/shm buffers
-and copies from them (memcpy speed); anywhere else it reads over the trainer's TCP streams
+`weights.cuda_ipc`); with "group", each trainer rank broadcasts its snapshot to every reader through a
+process group of its own (NCCL on GPUs, gloo on CPUs: `weights.group`); a reader on the publisher's host
+maps the /dev/shm buffers and copies from them (memcpy speed); anywhere else it reads over the trainer's TCP streams
 (`weights.stream`, several in parallel), or over Monarch RDMA, chunks in parallel ("rdma": the path
 for real RDMA NICs; over Monarch's TCP fallback it is the slower of the two).
 Either way the bytes land in a staging buffer and are checked before anything is loaded: the
@@ -22,12 +23,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 
 from forge_nb.weights.cuda_ipc import copy_stamped, open_snapshots
+from forge_nb.weights.group import GroupEnd
 from forge_nb.weights.manifest import WeightManifest, header, host_id
 from forge_nb.weights.shards import assembled, check_cover
 
-TRANSPORTS = ("auto", "cuda_ipc", "shm", "tcp", "rdma")
+TRANSPORTS = ("auto", "cuda_ipc", "shm", "tcp", "rdma", "group")
 
 
 class RefreshError(RuntimeError):
@@ -86,16 +89,19 @@ class WeightReceiver:
         version: int = 0,
         transport: str = "auto",
         device: torch.device | str = "cpu",
+        member: int = 0,
     ) -> None:
         """`device`: where the engine's weights live; a CUDA one lets "auto" take CUDA IPC, whose copies
-        are staged there (the other transports stage in host memory)."""
+        are staged there (the other transports stage in host memory). With "group", this reader joins every
+        trainer rank's group as `member` (replica i: i + 1), which blocks until each group is whole."""
         if transport not in TRANSPORTS:
             raise ValueError(f"weights transport must be one of {TRANSPORTS}, got {transport!r}")
         self.manifests = [manifests] if isinstance(manifests, WeightManifest) else list(manifests)
         if len(self.manifests) > 1:
             check_cover(self.manifests)
         self.version = version
-        self.sources = [_Source(m, transport, torch.device(device)) for m in self.manifests]
+        self.sources = [_Source(m, transport, torch.device(device), member) for m in self.manifests]
+        self.collective = transport == "group"  # every refresh is a broadcast the trainer sends: never skipped
         self.nbytes = sum(m.nbytes for m in self.manifests)
         self.transport = "+".join(sorted({s.transport for s in self.sources}))
 
@@ -105,7 +111,7 @@ class WeightReceiver:
         A refresh to the version already served moves nothing and reports ``skipped=True``.
         """
         previous = self.version
-        if version == previous:
+        if version == previous and not self.collective:
             return RefreshReport(previous, previous, 0, 0.0, 0.0, True, self.transport)
         start = time.perf_counter()
         afters = await asyncio.gather(*(source.copy(version % 2, previous) for source in self.sources))
@@ -123,8 +129,12 @@ class _Source:
     opened by CUDA IPC on a GPU of its host, else mapped from /dev/shm on its host, else over its TCP
     streams, else Monarch RDMA."""
 
-    def __init__(self, manifest: WeightManifest, transport: str, device: torch.device) -> None:
+    def __init__(self, manifest: WeightManifest, transport: str, device: torch.device, member: int = 0) -> None:
         self.manifest = manifest
+        self._group = None
+        if transport == "group":
+            self._join_group(member, device)
+            return
         self._gpu = self._open_gpu(transport, device)
         if self._gpu is not None:
             self.staging, self.transport = torch.empty(manifest.nbytes, dtype=torch.uint8, device=device), "cuda_ipc"
@@ -144,6 +154,17 @@ class _Source:
         if transport == "tcp" and self._stream is None:
             raise ValueError("weights transport 'tcp' asked for, but the publisher serves no TCP stream")
         self.transport = "shm" if self._mapped is not None else "tcp" if self._stream is not None else "rdma"
+
+    def _join_group(self, member: int, device: torch.device) -> None:
+        spec = self.manifest.group
+        if spec is None or member < 1:
+            raise ValueError(
+                "weights transport 'group' needs the trainer's group (the session sets it up) and a member"
+            )
+        on = device if spec.backend == "nccl" else torch.device("cpu")
+        self.staging = torch.empty(self.manifest.nbytes, dtype=torch.uint8, device=on)
+        self._gpu = self._mapped = self._stream = None
+        self._group, self.transport = GroupEnd(spec, member), "group"
 
     def _open_gpu(self, transport: str, device: torch.device) -> list[torch.Tensor] | None:
         if transport not in ("auto", "cuda_ipc"):
@@ -167,6 +188,15 @@ class _Source:
     async def copy(self, index: int, serving: int) -> torch.Tensor:
         """Buffer `index` into `staging` -> its header as it was after the copy (`serving`: the version
         that stays live if the copy fails)."""
+        if self._group is not None:
+            try:  # in a thread: the actor's loop stays free, as for the TCP streams
+                await asyncio.to_thread(self._group.broadcast, self.staging)
+            except (RuntimeError, dist.DistError) as e:
+                raise RefreshError(
+                    f"policy v{serving} stays live; {self._who()}the weights group failed: {e}"
+                ) from None
+            # The trainer sent its own snapshot while it did nothing else: the header cannot have moved.
+            return header(self.staging).cpu().clone()
         if self._gpu is not None:
             return copy_stamped(self._gpu[index], self.staging)
         if self._mapped is not None:

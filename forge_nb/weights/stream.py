@@ -50,7 +50,7 @@ class StreamSpec:
     attempts: int = 3
 
 
-def _host_addresses() -> tuple[str, ...]:
+def host_addresses() -> tuple[str, ...]:
     """This host's IPv4 addresses that other hosts may dial (loopback last: same-host readers)."""
     found = [
         a.address
@@ -68,7 +68,7 @@ class ChunkServer:
     def __init__(self, buffers: Sequence[torch.Tensor]) -> None:
         self._views = [memoryview(b.numpy()).cast("B") for b in buffers]
         self._listener = socket.create_server(("0.0.0.0", 0), backlog=64)
-        self.spec = StreamSpec(_host_addresses(), self._listener.getsockname()[1])
+        self.spec = StreamSpec(host_addresses(), self._listener.getsockname()[1])
         self._closed = False
         threading.Thread(target=self._accept, name="forge_nb-weights-server", daemon=True).start()
 

@@ -26,7 +26,7 @@ def up():
     assert wait_no_children() == []
 
 
-@pytest.mark.parametrize("transport", ["rdma", "tcp"])
+@pytest.mark.parametrize("transport", ["rdma", "tcp", "group"])
 def test_two_trainer_ranks_to_two_generators_shard_direct_over_each_transport(up, transport):
     """Each trainer rank publishes its own shards; both generator replicas (own procs, refreshed in
     parallel) read both ranks and serve whole tensors equal to the trainer's, bit for bit, after every

@@ -1,0 +1,86 @@
+"""The "group" transport's own path on gloo (NCCL's stand-in here): a trainer rank broadcasts its snapshot,
+every member receives and loads it; a snapshot that holds another version by then is refused, nothing
+loaded. Members are threads here (each its own process group); the session runs them in procs
+(tests/weights/test_refresh_mesh.py)."""
+
+import asyncio
+import dataclasses
+import threading
+
+import pytest
+import torch
+
+from forge_nb.weights.group import GroupEnd, group_spec
+from forge_nb.weights.publish import WeightPublisher
+from forge_nb.weights.refresh import RefreshError, WeightReceiver
+
+WEIGHTS = {"w": torch.randn(64, 32), "b": torch.randn(32)}
+
+
+def _in_threads(*fns):
+    """Run `fns` at once -> their results (an exception in one is raised here)."""
+    results, errors = [None] * len(fns), []
+
+    def run(i, fn):
+        try:
+            results[i] = fn()
+        except BaseException as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(i, fn)) for i, fn in enumerate(fns)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    if errors:
+        raise errors[0]
+    return results
+
+
+@pytest.fixture
+def group():
+    """A publisher, its member-0 end and two receivers on one group."""
+    publisher = WeightPublisher(WEIGHTS.items())
+    spec = group_spec(("127.0.0.1",), 3, "gloo", 30.0)
+    manifest = dataclasses.replace(publisher.manifest(rdma=False), group=spec)
+    sender, *receivers = _in_threads(
+        lambda: GroupEnd(spec, 0),
+        lambda: WeightReceiver(manifest, transport="group", member=1),
+        lambda: WeightReceiver(manifest, transport="group", member=2),
+    )
+    yield publisher, sender, receivers
+    publisher.unlink()
+
+
+def _refresh(publisher, sender, receivers, version: int, sent: int):
+    """The sender broadcasts its snapshot of `sent` while both receivers refresh to `version` -> what each
+    loaded (or the RefreshError each raised)."""
+    loaded = [{}, {}]
+
+    def receive(i):
+        try:
+            return asyncio.run(receivers[i].refresh(version, lambda named: loaded[i].update(named)))
+        except RefreshError as e:
+            return e
+
+    reports = _in_threads(lambda: sender.broadcast(publisher.snapshot(sent)), lambda: receive(0), lambda: receive(1))
+    return reports[1:], loaded
+
+
+def test_every_member_loads_the_broadcast_version(group):
+    publisher, sender, receivers = group
+    moved = {n: t * 2 for n, t in WEIGHTS.items()}
+    publisher.publish(moved.items(), 1)
+    reports, loaded = _refresh(publisher, sender, receivers, 1, sent=1)
+    assert [(r.version, r.transport) for r in reports] == [(1, "group"), (1, "group")]
+    for got in loaded:
+        assert all(torch.equal(got[n], moved[n]) for n in moved)
+
+
+def test_a_snapshot_overwritten_since_is_refused_and_nothing_loads(group):
+    publisher, sender, receivers = group
+    for version in (1, 2, 3):  # version 3 went into the buffer that held 1
+        publisher.publish(((n, t + version) for n, t in WEIGHTS.items()), version)
+    reports, loaded = _refresh(publisher, sender, receivers, 1, sent=1)
+    assert all(isinstance(r, RefreshError) and "held version 3" in str(r) for r in reports) and loaded == [{}, {}]
+    assert [r.version for r in receivers] == [0, 0]
