@@ -101,6 +101,7 @@ class Policy:
                 skip_zero_advantage,
                 self.split(),
                 clip,
+                self.spec.trainer.entropy,
             )
         except BaseException:
             self._abandon_step()

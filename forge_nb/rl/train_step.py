@@ -56,6 +56,7 @@ def policy_update(
     skip_zero_advantage: bool = False,
     split: Split = ONE_RANK,
     clip: tuple[float, float] = (0.2, 0.2),
+    with_entropy: bool = True,
 ) -> tuple[dict[str, float], torch.Tensor]:
     """Forward, loss, backward, clip, step -> (metrics: loss, grad_norm, ratio stats, tokens, entropy; the
     policy's logprobs of the batch's tokens before the step [B, T], detached: for rows left out, their
@@ -65,7 +66,8 @@ def policy_update(
     per token (nats, at ``logits / temperature``: `rl.entropy`); `clip_fraction`, the share of tokens whose
     ratio to the behaviour policy lies outside ``[1 - clip[0], 1 + clip[1]]`` (the algorithm's clip range,
     whichever loss runs; ~0 on-policy, it grows with staleness); `response_length` and
-    `response_length_max`, the policy tokens per sequence.
+    `response_length_max`, the policy tokens per sequence. `with_entropy` False: no entropy (NaN), and no
+    pass over the vocabulary for it.
 
     The loss always sees the whole batch: `loss_fn` runs once, on the logprobs of every row, with the
     whole batch's normaliser, whatever `split` says. Split over ranks and micro-batches (`rl.split`),
@@ -94,11 +96,11 @@ def policy_update(
     mask = batch.loss_mask  # the policy's own tokens (multi-turn: not tool results or environment messages)
     extra = {"ref_logprobs": batch.ref_logprobs} if batch.ref_logprobs is not None and takes_ref(loss_fn) else {}
     optimizer.zero_grad(set_to_none=True)
-    entropies = torch.zeros_like(batch.old_logprobs)
-    one = work.count == 1
-    passes = _one_pass if one else _two_passes
+    entropies = torch.zeros_like(batch.old_logprobs) if with_entropy else None
+    passes = _one_pass if work.count == 1 else _two_passes
     loss, logprobs = passes(model, batch, work, ran, split, temperature, loss_fn, extra, check_loss, entropies)
-    split.sum_across(entropies)
+    if entropies is not None:
+        split.sum_across(entropies)
     grad_norm = clip_gradients(model, max_grad_norm, split)
     if not torch.isfinite(grad_norm):
         optimizer.zero_grad(set_to_none=True)
@@ -120,7 +122,7 @@ def policy_update(
             # k1 estimate of KL(behaviour || current) on the batch's own tokens.
             "approx_kl": masked_mean(-log_ratio, mask).item(),
             "max_abs_logprob_diff": log_ratio.abs().max().item(),
-            "entropy": masked_mean(entropies, mask).item(),
+            "entropy": masked_mean(entropies, mask).item() if entropies is not None else float("nan"),
             "clip_fraction": masked_mean(clipped, mask).item(),
             "response_length": lengths.float().mean().item(),
             "response_length_max": int(lengths.max().item()),
@@ -206,10 +208,11 @@ def _run(
     [B, T], the rows' per-token entropy goes there (`rl.entropy`)."""
     whole = rows is not None and len(rows) == len(batch.advantages)  # every row, in order: no copy
     picked = batch if whole else batch.select(rows if rows is not None else torch.zeros(1, dtype=torch.long))
+    if entropies is None or rows is None:
+        return picked.logprobs(model, temperature)
     with entropy.taking() as taken:
         lp = picked.logprobs(model, temperature)
-    if entropies is not None and rows is not None and taken:
-        entropies[rows] = taken[-1].to(entropies.dtype)
+    entropies[rows] = taken[-1].to(entropies.dtype)
     return lp
 
 

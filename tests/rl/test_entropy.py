@@ -101,3 +101,17 @@ def test_nothing_is_kept_when_nobody_asks():
     with entropy.taking() as taken:
         entropy.note(torch.log_softmax(torch.zeros(1, 2, 4), -1), torch.tensor([[1.0, 0.0]]))
     assert torch.allclose(taken[0], torch.tensor([[math.log(4), 0.0]]))
+
+
+def test_without_the_entropy_metric_the_step_is_the_same_and_entropy_is_nan(model):
+    batch = _batch(model)
+    loss_fn = compile_function(builtin_loss(AlgorithmConfig(loss="grpo"), max_tokens=6))
+    steps = []
+    for with_entropy in (True, False):
+        trained = copy.deepcopy(model)
+        optimizer = torch.optim.SGD(trained.parameters(), lr=0.1)
+        metrics = policy_update(trained, optimizer, batch, loss_fn, with_entropy=with_entropy)[0]
+        steps.append((metrics, [p.detach().clone() for p in trained.parameters()]))
+    (on, weights_on), (off, weights_off) = steps
+    assert math.isnan(off["entropy"]) and on["entropy"] > 0 and on["loss"] == off["loss"]
+    assert all(torch.equal(a, b) for a, b in zip(weights_on, weights_off))

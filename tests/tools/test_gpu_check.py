@@ -23,7 +23,7 @@ def test_every_part_runs_on_the_cpu_with_a_tiny_model():
     run = subprocess.run([*argv, "--reps", "2"], capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stdout + run.stderr
     rows = [line.split()[0] for line in run.stdout.splitlines() if line.split()[:1]]
-    assert rows.count("trainer") == 5 and rows.count("generator") == 2 and "FAILED" not in rows
+    assert rows.count("trainer") == 6 and rows.count("generator") == 2 and "FAILED" not in rows
     assert "served == trainer's" in run.stdout
     fsdp = next(line for line in run.stdout.splitlines() if "FSDP2 x1, fp32" in line)
     ours, plain = fsdp.split("1st step: loss ")[1].split("; plain: ")

@@ -11,7 +11,8 @@ size where GPU numbers mean something (`tools.bundled_model.random_model`: 1536 
 - generator (`engines.TorchEngine` on CUDA): sampled tokens/s, and the sampled tokens' logprobs against
   the trainer's logprobs of the same tokens (same weights: the difference is kernels and dtype);
 - refresh (`weights.publish` -> `weights.refresh`, `gpu_check.refresh`): trainer to a generator in
-  another process, CUDA IPC against the host-staged path (/dev/shm), and a refresh overlapping a step.
+  another process, CUDA IPC against the host-staged path (/dev/shm), and a refresh overlapping a step;
+  the "group" transport's NCCL group, as far as one GPU allows (a group of one).
 
 ``--full`` runs the whole stack instead (Monarch mesh, vLLM's GPU engine, a few GRPO steps of
 SmolLM2-135M-Instruct): a GPU node with everything installed. Without a GPU it says so and exits 0.
@@ -61,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     from forge_nb.engines import weights_bytes
     from forge_nb.tools.bundled_model import random_model
     from forge_nb.tools.gpu_check.parts import generator_rows, trainer_rows
-    from forge_nb.tools.gpu_check.refresh import refresh_rows
+    from forge_nb.tools.gpu_check.refresh import nccl_rows, refresh_rows
     from forge_nb.tools.gpu_check.table import print_table, run_part
 
     gpu = torch.cuda.get_device_name(0) if args.device == "cuda" else "the CPU (a smoke run: no GPU numbers)"
@@ -69,7 +70,8 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="forge_nb_gpu_check_") as folder:
         model_dir = str(random_model(Path(folder), args.width, args.layers, args.vocab))
         params = weights_bytes(Path(model_dir)) / 4 / 1e9  # float32 files
-        rows = [row for part in (trainer_rows, generator_rows, refresh_rows) for row in run_part(part, model_dir, args)]
+        parts = (trainer_rows, generator_rows, refresh_rows, nccl_rows)
+        rows = [row for part in parts for row in run_part(part, model_dir, args)]
     batch = f"{args.prompts * args.group} x ({args.prompt_len} + {args.completion_len}) tokens"
     print_table(
         rows,

@@ -31,6 +31,7 @@ def trainer_rows(model_dir: str, args: argparse.Namespace) -> list[Row]:
         ("plain, fp32", TrainerConfig(), False),
         ("FSDP2 x1, fp32", TrainerConfig(), True),
         ("FSDP2 x1, bf16 mixed precision", TrainerConfig(mixed_precision="bf16"), True),
+        ("  the same, without the entropy metric", TrainerConfig(mixed_precision="bf16", entropy=False), True),
         (f"  + micro-batches of {args.micro} tokens", TrainerConfig(args.micro, False, "bf16"), True),
         ("  + activation checkpointing", TrainerConfig(args.micro, True, "bf16"), True),
     ]
@@ -52,7 +53,8 @@ def _trainer_row(model_dir, args, batch, what, trainer, gang) -> tuple[Row, tupl
     metrics = step()
     seconds, peak = measure(step, args.steps)
     tokens = len(batch.prompt_ids) * (args.prompt_len + args.completion_len)
-    row = Row("trainer", what, seconds, tokens / seconds, "tok/s", peak, f"{metrics['micro_batches']} micro-batch(es)")
+    check = f"{metrics['micro_batches']} micro-batch(es), entropy {metrics['entropy']:.4f}"
+    row = Row("trainer", what, seconds, tokens / seconds, "tok/s", peak, check)
     del policy, step
     free()
     return row, (metrics["loss"], metrics["grad_norm"])

@@ -15,11 +15,13 @@ import argparse
 import asyncio
 import statistics
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from forge_nb.config import TrainerConfig
+from forge_nb.engines import weights_bytes
 from forge_nb.parallel.gang import Gang
 from forge_nb.parallel.policy import Policy, PolicySpec
 from forge_nb.tools.gpu_check.parts import grpo_step
@@ -131,3 +133,22 @@ def _overlap(policy, name: str, publisher, step, requests, answers, version: int
     refresh = answers.get(timeout=600)[0]
     check = f"step alone {alone:.3f} s, with the refresh beside it {during:.3f} s ({during / alone:.2f}x)"
     return [Row("overlap", f"{name} refresh v during step v+1", refresh, float("nan"), "", float("nan"), check)]
+
+
+def nccl_rows(model_dir: str, args: argparse.Namespace) -> list[Row]:
+    """The "group" transport's NCCL group (`weights.group.open_group`) as far as one GPU allows: a group of
+    one member built and broadcasting the trainer-sized snapshot (NCCL needs a GPU per member)."""
+    from forge_nb.weights.group import GroupEnd, group_spec
+
+    if args.device != "cuda":
+        return []
+    snapshot = torch.ones(int(weights_bytes(Path(model_dir)) / 2), dtype=torch.uint8, device="cuda")
+    end = GroupEnd(group_spec(("127.0.0.1",), 1, "nccl", 60.0), 0)
+    end.broadcast(snapshot)
+    sync()
+    start = time.perf_counter()
+    end.broadcast(snapshot)
+    sync()
+    seconds = time.perf_counter() - start
+    check = f"a group of one built, {snapshot.numel() / 1e9:.2f} GB broadcast: no bytes move (a GPU per member)"
+    return [Row("group", "NCCL group of one", seconds, float("nan"), "", float("nan"), check)]
