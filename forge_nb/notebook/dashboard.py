@@ -22,10 +22,14 @@ from plotly.subplots import make_subplots
 from forge_nb.notebook import plots
 from forge_nb.notebook.explorer import Explorer
 from forge_nb.notebook.fit_width import fit_width
+from forge_nb.notebook.plots import EMA
 from forge_nb.status import sizes_line, trainer_sizes
 
 PHASES = ("generate_s", "score_s", "reference_s", "train_s", "refresh_s")  # stacked: their sum ~ step time
 JUDGE = ("verdicts_per_s", "latency_s")  # from "judge" rows: the judge's own throughput, and wait per call
+# Curves drawn twice: each step's value, faint, and their moving average (`plots.EMA`), solid.
+SMOOTHED = ("mean_reward", "accuracy", "entropy", "response_length")
+SMOOTH = " ema"  # a smoothed trace's meta: its column's name and this
 
 
 class Dashboard:
@@ -59,6 +63,7 @@ class Dashboard:
         self.widget.session = session
         self.widget.add_class("forge-dashboard")
         self._pending: list[dict[str, Any]] = []
+        self._averages = {name: MovingAverage(EMA) for name in SMOOTHED}
         self._lock = threading.Lock()
         self._period = 1.0 / max_hz
         self._closed = threading.Event()
@@ -91,9 +96,13 @@ class Dashboard:
         if rows:
             with self.figure.batch_update():
                 for trace in self.figure.data:
-                    mine = [r for r in rows if r["kind"] == ("judge" if trace.meta in JUDGE else "step")]
+                    column = trace.meta.removesuffix(SMOOTH)
+                    mine = [r for r in rows if r["kind"] == ("judge" if column in JUDGE else "step")]
+                    values = [r.get(column, math.nan) for r in mine]  # rows from older runs lack new columns
+                    if trace.meta.endswith(SMOOTH):
+                        values = self._averages[column].add(values)
                     trace.x = (*trace.x, *(r["step"] for r in mine))
-                    trace.y = (*trace.y, *(r[trace.meta] for r in mine))
+                    trace.y = (*trace.y, *values)
                 # Whole steps only, about ten ticks (plotly would otherwise label 1.5 as "2" next to 2).
                 self.figure.update_xaxes(dtick=max(1, math.ceil(len(self.figure.data[0].x) / 10)))
         self.versions.value = self._versions_html()
@@ -201,19 +210,47 @@ def _figure() -> go.FigureWidget:
             "font": {"size": 11},
         }
         for name in names:
-            kwargs = {"stackgroup": "phases"} if name in PHASES else {}
-            if name == "accuracy":  # equals mean_reward under the built-in reward: keep both visible
-                kwargs["line"] = {"dash": "dot"}
-            mode = "lines+markers" if name == "mean_reward" else "lines"  # its points open a step's samples
-            label = name.removesuffix("_s") if name in PHASES else name.replace("_", " ")
-            label = f"judge {label}" if name in JUDGE else label
-            trace = go.Scatter(x=[], y=[], name=label, meta=name, mode=mode, legend=legend, **kwargs)
-            fig.add_trace(trace, row, col)
+            for trace in _traces(name, legend):
+                fig.add_trace(trace, row, col)
     # No fixed width: the figure takes the cell's width (JupyterLab's output area), with its legends.
     fig.update_layout(height=1400, autosize=True, margin={"l": 50, "r": 20, "t": 40, "b": 40}, **legends)
     fig.update_xaxes(tickformat="d")
     fig.update_xaxes(title_text="step", row=6)
     return go.FigureWidget(fig)
+
+
+def _traces(name: str, legend: str) -> list[go.Scatter]:
+    """Column `name`'s traces in a plot: its values, and for a `SMOOTHED` column its moving average too."""
+    kwargs: dict[str, Any] = {"stackgroup": "phases"} if name in PHASES else {}
+    label = name.removesuffix("_s") if name in PHASES else name.replace("_", " ")
+    label = f"judge {label}" if name in JUDGE else label
+    line: dict[str, Any] = {"dash": "dot"} if name == "accuracy" else {}  # equals mean_reward under the built-in
+    mode = "lines+markers" if name == "mean_reward" else "lines"  # its points open a step's samples
+    if name not in SMOOTHED:
+        return [go.Scatter(x=[], y=[], name=label, meta=name, mode=mode, legend=legend, line=line, **kwargs)]
+    group = {"legend": legend, "legendgroup": name}
+    raw = go.Scatter(x=[], y=[], name=label, meta=name, mode=mode, opacity=0.35, line=line, showlegend=False, **group)
+    smooth = go.Scatter(x=[], y=[], name=f"{label} (EMA {EMA})", meta=name + SMOOTH, mode="lines", line=line, **group)
+    return [raw, smooth]
+
+
+class MovingAverage:
+    """An exponential moving average, debiased (as TensorBoard's smoothing): NaN values are skipped."""
+
+    def __init__(self, weight: float) -> None:
+        self.weight, self.total, self.count = weight, 0.0, 0
+
+    def add(self, values: list[float]) -> list[float]:
+        """The average after each of `values` (NaN where the value is)."""
+        out = []
+        for x in values:
+            if x is None or math.isnan(x):
+                out.append(math.nan)
+                continue
+            self.total = self.weight * self.total + (1 - self.weight) * x
+            self.count += 1
+            out.append(self.total / (1 - self.weight**self.count))
+        return out
 
 
 def _rollout_version(session) -> str:

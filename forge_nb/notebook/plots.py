@@ -1,7 +1,7 @@
 """Static plots of a session's step rows (matplotlib): what a saved notebook shows where a live widget
 cannot render (GitHub, nbviewer, a notebook opened without its kernel).
 
-`step_figure(steps)` draws the dashboard's four panels from the `StepRow` table (`s.step(...)`, or
+`step_figure(steps)` draws the dashboard's step panels from the `StepRow` table (`s.step(...)`, or
 ``s.metrics_stream.to_pandas("step")``); `png(fig)` turns a figure into PNG bytes for a display bundle.
 matplotlib is optional (the ``notebooks`` extra): without it `available()` is False and nothing is drawn.
 """
@@ -14,6 +14,20 @@ from typing import Any
 import pandas as pd
 
 PHASES = ("generate_s", "score_s", "reference_s", "train_s", "refresh_s")  # stacked: their sum ~ step time
+# The weight of the past in the smoothed curves: an exponential moving average over the steps, debiased as
+# TensorBoard's smoothing is (the first steps are not pulled towards 0); each step's own value is drawn faint.
+EMA = 0.8
+
+
+def smoothed(values: pd.Series) -> pd.Series:
+    """The debiased moving average of `values` (NaN skipped): pandas' adjusted ``ewm`` is that average."""
+    return values.ewm(alpha=1 - EMA, adjust=True, ignore_na=True).mean()
+
+
+def _curve(ax, x, y, label: str, style: str = "-", color: str | None = None) -> None:
+    """`y` faint, its moving average solid, one legend entry."""
+    line = ax.plot(x, y, style, alpha=0.3, color=color)[0]
+    ax.plot(x, smoothed(y), style, color=line.get_color(), label=f"{label} (EMA {EMA})")
 
 
 def available() -> bool:
@@ -33,8 +47,8 @@ def step_figure(steps: pd.DataFrame, title: str = "") -> Any:
     df = steps.reset_index() if "step" not in steps.columns else steps
     fig = Figure(figsize=(10, 8.4), layout="constrained")
     (reward, tokens), (phases, refresh), (entropy, lengths) = fig.subplots(3, 2, sharex=True)
-    reward.plot(df.step, df.mean_reward, label="mean_reward")
-    reward.plot(df.step, df.accuracy, ":", label="accuracy")
+    _curve(reward, df.step, df.mean_reward, "mean_reward")
+    _curve(reward, df.step, df.accuracy, "accuracy", ":")
     reward.set_title("reward and accuracy")
     reward.legend(loc="lower right", fontsize="small")
     tokens.plot(df.step, df.tokens_per_s, color="tab:green")
@@ -46,8 +60,8 @@ def step_figure(steps: pd.DataFrame, title: str = "") -> Any:
     refresh.plot(df.step, df.refresh_gbps, color="tab:purple")
     refresh.set_title("refresh GB/s")
     if "entropy" in df.columns:  # step rows from before forge_nb logged them have none
-        entropy.plot(df.step, df.entropy, color="tab:brown")
-        lengths.plot(df.step, df.response_length, label="mean")
+        _curve(entropy, df.step, df.entropy, "entropy", color="tab:brown")
+        _curve(lengths, df.step, df.response_length, "mean")
         lengths.plot(df.step, df.response_length_max, ":", label="max")
         lengths.legend(loc="lower right", fontsize="small")
     entropy.set_title("policy entropy (nats per token)")

@@ -99,6 +99,18 @@ def jupyter_lab(root: Path, token: str = "forge-nb-test") -> Iterator[str]:
         assert alive == [], f"left running after the server stopped: {alive}"
 
 
+def dismiss_dialog(page) -> None:
+    """Close a JupyterLab dialog that stands in front of the notebook, saying which: on a loaded machine Lab
+    can put one up that nothing in the test asked for (a server request that timed out, a kernel that took
+    long to start), and a click behind it never lands."""
+    dialog = page.locator(".jp-Dialog")
+    if dialog.count() and dialog.first.is_visible():
+        print(f"dismissed a JupyterLab dialog: {dialog.first.inner_text()!r}")
+        buttons = dialog.first.locator(".jp-Dialog-button.jp-mod-accept")
+        (buttons.first if buttons.count() else dialog.first.locator(".jp-Dialog-button").last).click()
+        dialog.first.wait_for(state="detached", timeout=10_000)
+
+
 def run_all_cells(page, expect, count: int) -> None:
     """Shift+Enter on each of the visible notebook's `count` cells in turn, as a person would, and check that
     each one queued or ran ("[*]:" or "[n]:"). Lab renders a notebook's cells one after another, so it first
@@ -110,6 +122,7 @@ def run_all_cells(page, expect, count: int) -> None:
     for i in range(count):
         prompt = cells.nth(i).locator(".jp-InputPrompt")
         for _ in range(20):
+            dismiss_dialog(page)
             prompt.click()
             page.keyboard.press("Shift+Enter")
             try:

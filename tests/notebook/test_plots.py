@@ -1,6 +1,7 @@
 """The dashboard's static picture (a saved notebook's fallback where widgets do not render)."""
 
 import pandas as pd
+import pytest
 
 from forge_nb.notebook import plots
 
@@ -40,4 +41,17 @@ def test_the_picture_has_the_policys_entropy_and_response_lengths():
     titles = [ax.get_title() for ax in fig.axes]
     assert "policy entropy (nats per token)" in titles and "response length (policy tokens)" in titles
     entropy = fig.axes[titles.index("policy entropy (nats per token)")]
-    assert list(entropy.lines[0].get_ydata()) == [1.9, 1.7]
+    raw, smooth = entropy.lines[:2]
+    assert list(raw.get_ydata()) == [1.9, 1.7]
+    # The debiased moving average: the first step is its own value, the second 0.2 of the way to the new one.
+    assert list(smooth.get_ydata()) == pytest.approx([1.9, (0.8 * 0.2 * 1.9 + 0.2 * 1.7) / (1 - 0.8**2)])
+
+
+def test_the_live_dashboards_moving_average_is_the_pictures():
+    from forge_nb.notebook.dashboard import MovingAverage
+
+    values = [0.2, float("nan"), 0.5, 0.1, 0.4]
+    live = MovingAverage(plots.EMA).add(values)
+    picture = plots.smoothed(pd.Series(values)).tolist()
+    assert live[1] != live[1]  # NaN where the step has no value
+    assert [live[i] for i in (0, 2, 3, 4)] == pytest.approx([picture[i] for i in (0, 2, 3, 4)])
