@@ -38,8 +38,8 @@ from forge_nb.live.validate import check_loss_value
 from forge_nb.parallel.gang import Gang
 from forge_nb.parallel.launch import run_gang
 from forge_nb.parallel.policy import Policy, PolicySpec
-from forge_nb.rl.batch import TrainBatch
 from forge_nb.tools.bundled_model import random_model
+from forge_nb.tools.gpu_check.table import grpo_batch
 
 
 class SavedActivations:
@@ -91,20 +91,6 @@ class _Held:
     def __del__(self) -> None:
         if self.meter is not None:
             self.meter.drop(self.ptr)
-
-
-def grpo_batch(prompts: int, group: int, prompt_len: int, completion_len: int, vocab: int) -> TrainBatch:
-    gen = torch.Generator().manual_seed(0)
-    p_ids, c_ids, lps, advs = [], [], [], []
-    for _ in range(prompts):
-        prompt = torch.randint(3, vocab, (prompt_len,), generator=gen).tolist()
-        adv = torch.randn(group, generator=gen)
-        for a in (adv - adv.mean()).tolist():
-            p_ids.append(prompt)
-            c_ids.append(torch.randint(3, vocab, (completion_len,), generator=gen).tolist())
-            lps.append([-10.0] * completion_len)
-            advs.append(a)
-    return TrainBatch(p_ids, c_ids, lps, advs, keep_logprobs=False)
 
 
 def rank_run(rank: int, world: int, model_dir: str, args: argparse.Namespace) -> dict:
