@@ -3,8 +3,9 @@
 forge_nb (auto)   the product path between two procs: publish into the double buffer, pull, check,
                   load into the receiver's tensors (same host -> /dev/shm mapping)
 forge_nb (rdma)   the same, forced over Monarch RDMABuffers, chunks read in parallel
-forge_nb (group)  the same snapshot broadcast by the publisher through a process group of its own
-                  (weights.transport="group": gloo here, NCCL on GPUs), checked and loaded as above
+forge_nb (group)  the same snapshot broadcast by the publisher's sender thread through a process group of
+                  its own, on the receiver's request (weights.transport="group": gloo here, NCCL on GPUs),
+                  checked and loaded as above
 raw RDMABuffer    one RDMABuffer over the whole snapshot, one read_into (no load)
 gloo broadcast    torch.distributed gloo, 2 processes, one tensor of the same size
 memcpy            in-process tensor copy
@@ -35,7 +36,7 @@ import torch.multiprocessing as mp
 from monarch.actor import Actor, endpoint, this_host
 
 from forge_nb.mesh.calls import wait
-from forge_nb.weights.group import GroupEnd, GroupSpec, group_spec
+from forge_nb.weights.group import GroupSender, GroupSpec, group_spec
 from forge_nb.weights.publish import WeightPublisher
 from forge_nb.weights.refresh import WeightReceiver
 
@@ -71,11 +72,7 @@ class Publisher(Actor):
 
     @endpoint
     def join(self) -> None:
-        self.end = GroupEnd(self.spec, 0)
-
-    @endpoint
-    def send(self, version: int) -> None:
-        self.end.broadcast(self.publisher.snapshot(version))
+        self.sender = GroupSender(self.spec, self.publisher.snapshot, self.publisher.lock)
 
     @endpoint
     def raw_buffer(self):
@@ -190,10 +187,7 @@ def mesh_seconds(size_bytes: int, reps: int) -> dict[str, float]:
             times = []
             for _ in range(reps + 1):  # the first refresh warms up
                 version = wait(publisher.step.call_one())
-                sent = publisher.send.call_one(version) if transport == "group" else None
                 times.append(wait(receiver.refresh.call_one(transport, version)))
-                if sent is not None:
-                    wait(sent)
             out[f"forge_nb ({transport}->{chosen[transport]})"] = statistics.median(times[1:])
         raw = wait(publisher.raw_buffer.call_one())
         wait(receiver.raw_read.call_one(raw))

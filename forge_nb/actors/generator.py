@@ -35,7 +35,7 @@ class GeneratorSpec:
     version: int = 0  # the policy version `model_dir` holds (a checkpoint's, when resuming)
     lora: LoraConfig | None = None
     adapter_dir: str = ""
-    device: str = "cpu"  # the torch engine's (model.device: "auto" takes this proc's GPU when it sees one)
+    device: str = "cpu"  # the torch engine's: model.device as the placement plan gives it (`Placement.device`)
 
     @classmethod
     def from_config(cls, config: Config, engine: str) -> GeneratorSpec:
@@ -52,7 +52,7 @@ class GeneratorSpec:
             options["max_lora_rank"] = lora.r
         model_dir = str(config.model.resolved_path())
         threads = config.mesh.threads_per_proc
-        return cls(model_dir, config.serve_dtype, threads, engine, options, lora=lora, device=config.model.device)
+        return cls(model_dir, config.serve_dtype, threads, engine, options, lora=lora)
 
 
 @dataclass(frozen=True)
@@ -85,7 +85,7 @@ class Generator(AsyncForgeActor):
             if spec.adapter_dir:
                 self.adapter.load(read_adapter(spec.adapter_dir).items(), spec.version)
         self._loaded_version = spec.version  # what `model_dir` holds, until a receiver is attached
-        self._ready(engine=spec.engine)
+        self._ready(engine=spec.engine, device=str(self.engine.device))
 
     @property
     def version(self) -> int:
@@ -104,10 +104,16 @@ class Generator(AsyncForgeActor):
         session; refreshes then move only bytes) -> the transport chosen ("cuda_ipc" between GPUs of the
         trainer's host, "shm" on its host, "tcp" elsewhere, or "rdma"; "shm+tcp" when ranks differ). With
         "group" this replica joins every trainer rank's broadcast group as `member` (replica i: i + 1)."""
-        self.receiver = None  # groups joined before (this replica's former receiver) are left first
-        make = lambda: WeightReceiver(manifests, self.version, transport, self.engine.device, member)  # noqa: E731
+        version = self.version  # what the engine serves now, kept by the new receiver
+        make = lambda: WeightReceiver(manifests, version, transport, self.engine.device, member)  # noqa: E731
+        # The old receiver stays until the new one stands (a failed attach leaves this replica as it was).
         self.receiver = await asyncio.to_thread(make) if transport == "group" else make()
         return self.receiver.transport
+
+    @endpoint
+    async def served(self) -> int:
+        """The policy version served now."""
+        return self.version
 
     @endpoint
     async def save_weights(self, path: str) -> int:

@@ -19,8 +19,8 @@ from forge_nb.parallel.gang import Gang, GangError, collectives
 from forge_nb.parallel.policy import Policy, PolicySpec
 from forge_nb.rl.batch import TrainBatch
 from forge_nb.rl.train_step import NonFiniteGradient
-from forge_nb.weights.group import GroupEnd, GroupSpec, group_spec
-from forge_nb.weights.manifest import WeightManifest, checksum, header
+from forge_nb.weights.group import GroupSender, GroupSpec, group_spec
+from forge_nb.weights.manifest import WeightManifest, checksum
 from forge_nb.weights.publish import WeightPublisher
 from forge_nb.weights.stream import host_addresses
 
@@ -136,7 +136,7 @@ class Trainer(ForgeActor):
             host=spec.transport != "cuda_ipc",
         )
         self._group_spec: GroupSpec | None = None  # weights.transport "group": this rank's broadcast group
-        self._group: GroupEnd | None = None
+        self._group: GroupSender | None = None
         self._ready(device=str(self.policy.device), lora=self.policy.lora, **self.sizes())
 
     def sizes(self) -> dict[str, int]:
@@ -204,26 +204,23 @@ class Trainer(ForgeActor):
         return self.publisher.manifest()
 
     @endpoint
-    def weights_group(self, replicas: int, timeout_s: float) -> GroupSpec:
-        """A broadcast group for this rank's snapshots and `replicas` generators (`weights.group`): NCCL from
-        its GPU snapshots when it keeps them, else gloo from host memory. Joined by `join_weights_group`."""
-        backend = "nccl" if self.publisher.gpu is not None else "gloo"
+    def weights_group(self, replicas: int, timeout_s: float, backend: str) -> GroupSpec:
+        """A broadcast group for this rank's snapshots and `replicas` generators (`weights.group`): "nccl" from
+        its GPU snapshots, "gloo" from host memory. Joined by `join_weights_group`."""
+        if backend == "nccl" and self.publisher.gpu is None:
+            raise ValueError("an NCCL weights group needs the trainer's snapshots on its GPU")
         self._group_spec = group_spec(host_addresses(), replicas + 1, backend, timeout_s)
         return self._group_spec
 
     @endpoint
     def join_weights_group(self) -> None:
-        """Open the group as its member 0 (the generators join at once: this waits for them)."""
-        self._group = None  # a group left from before (the generators were replaced) is dropped
-        self._group = GroupEnd(self._group_spec, 0)
-
-    @endpoint
-    def send_weights(self, version: int) -> int:
-        """Broadcast this rank's snapshot of `version` to the group (the generators' refresh receives it)
-        -> the version the snapshot held (another, if it was overwritten since: the receivers refuse it)."""
-        snapshot = self.publisher.snapshot(version, on_gpu=self._group_spec.backend == "nccl")
-        self._group.broadcast(snapshot)
-        return int(header(snapshot)[0])
+        """Open the group as its member 0 and serve its refreshes from a thread (the generators join at once:
+        this waits for them). A group from before (the generators were replaced) is left."""
+        if self._group is not None:
+            self._group.stop()
+            self._group = None
+        on_gpu = self._group_spec.backend == "nccl"
+        self._group = GroupSender(self._group_spec, lambda v: self.publisher.snapshot(v, on_gpu), self.publisher.lock)
 
     @endpoint
     def unlink_shared_memory(self) -> None:

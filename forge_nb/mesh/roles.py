@@ -102,6 +102,9 @@ class Roles(Supervised):
             self._recovering = threading.RLock()  # heal and respawn, one thread at a time (`mesh.recovery`)
             self.restore_from: Callable[[], Path | None] | None = None  # the last checkpoint, to restore a trainer
             self._generator_spec = GeneratorSpec.from_config(config, engine)
+            # The torch engine on the GPUs the plan gave the generator procs, the CPU where it gave none.
+            served_on = self.placement.device("generator", config.model.device)
+            self._generator_spec = dataclasses.replace(self._generator_spec, device=served_on)
             device = self.placement.device("trainer", config.model.device)
             self._trainer_spec = dataclasses.replace(TrainerSpec.from_config(config, pad_id, loss), device=device)
             self.trainer_procs, gang = m.trainer_procs, config.trainer.sharded(m.trainer_procs)

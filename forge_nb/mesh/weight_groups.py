@@ -1,6 +1,6 @@
 """The session's side of the "group" weights transport (`weights.group`): each trainer rank opens a broadcast
-group with every generator replica, and a refresh is one broadcast per rank, sent by the trainer while the
-replicas receive (the other transports are pulled by the generators alone)."""
+group with every generator replica and serves it from a thread; a refresh is the replicas asking for a version
+and receiving it (the trainer's actor is not called: its next step goes on meanwhile)."""
 
 from __future__ import annotations
 
@@ -13,10 +13,12 @@ from forge_nb.weights.refresh import RefreshReport
 
 
 def attach(roles: Any, manifests: list[WeightManifest]) -> str:
-    """Every trainer rank's group, joined by the ranks and the replicas at once -> "group". `roles` is the
-    session's `mesh.roles.Roles`."""
-    replicas = roles.generator_procs
-    specs = wait(roles.trainer.weights_group.call(replicas, roles.weights_config.group_timeout_s)).values()
+    """Every trainer rank's group, joined by the ranks and the replicas at once -> "group". NCCL when the
+    trainer and every replica run on GPUs, else gloo. `roles` is the session's `mesh.roles.Roles`."""
+    replicas, config = roles.generator_procs, roles.weights_config
+    devices = [i.details.get("device", "cpu") for role in ("trainer", "generator") for i in roles.info[role]]
+    backend = "nccl" if all(d.startswith("cuda") for d in devices) else "gloo"
+    specs = wait(roles.trainer.weights_group.call(replicas, config.group_timeout_s, backend)).values()
     manifests = [dataclasses.replace(m, group=spec) for m, spec in zip(manifests, specs)]
     joined = roles.trainer.join_weights_group.call()
     generator = roles.generator
@@ -25,17 +27,17 @@ def attach(roles: Any, manifests: list[WeightManifest]) -> str:
     wait(joined)
     on_gang(roles.trainer, "unlink_shared_memory")
     # gloo sends the host snapshots; NCCL the GPU ones, and then the trainer needs no host copy.
-    on_gang(roles.trainer, "host_snapshots", specs[0].backend != "nccl")
+    on_gang(roles.trainer, "host_snapshots", backend != "nccl")
     return "+".join(sorted(chosen))
 
 
 def refresh(roles: Any, version: int) -> RefreshReport:
-    """Every trainer rank sends its snapshot of `version` while every replica receives and loads it -> the
-    replicas' combined report. Skipped, both sides, when the replicas already serve `version`."""
-    if version == roles.versions.served:
+    """Every replica asks for `version` and receives it from every trainer rank -> their combined report.
+    Skipped when every replica serves `version` already (a broadcast needs them all, so they refresh or skip
+    together: a replica respawned since serves its start version and makes all of them refresh)."""
+    served = set(wait(roles.generator.served.call()).values())
+    if served == {version}:
         return RefreshReport(version, version, 0, 0.0, 0.0, True, "group", roles.generator_procs)
-    sent = roles.trainer.send_weights.call(version)
     report = RefreshReport.combine(list(wait(roles.generator.refresh.call(version)).values()))
-    wait(sent)
     roles.versions.served = report.version
     return report

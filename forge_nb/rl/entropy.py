@@ -3,8 +3,8 @@
 Entropy (nats per token, of the policy at ``logits / temperature``) is what TRL and verl log every step: its
 fall shows a policy growing sure of itself, a collapse shows as a drop to ~0. Computing it needs every
 vocabulary entry's probability, which only the logprob functions hold (`rl.prefix_batch.prefix_logprobs`,
-`rl.batch.token_logprobs`); they `note` it for a caller that asked with `taking`, in row chunks so the extra
-memory stays near `CHUNK_ELEMENTS` floats whatever the batch (on a 32k vocabulary, ~256 MB).
+`rl.batch.token_logprobs`); they `note` it for a caller that asked with `taking`, in chunks of rows so the extra
+memory stays near `CHUNK_ELEMENTS` floats (on a 32k vocabulary, ~256 MB), or one row's [T, V] when that is more.
 """
 
 from __future__ import annotations
@@ -41,6 +41,6 @@ def note(logp: torch.Tensor, mask: torch.Tensor) -> None:
     step = max(1, CHUNK_ELEMENTS // max(1, width * vocab))
     out = torch.empty((rows, width), dtype=torch.float32, device=logp.device)
     for i in range(0, rows, step):
-        part = logp[i : i + step].detach().float()
-        out[i : i + step] = -(part.exp() * part).sum(-1)
+        # entr(p) = -p log p, 0 at p = 0: a token masked to -inf in the logits adds nothing (not NaN).
+        out[i : i + step] = torch.special.entr(logp[i : i + step].detach().float().exp()).sum(-1)
     taken.append(out * mask)

@@ -259,6 +259,7 @@ def _zero_gradient_step(model: nn.Module, optimizer: torch.optim.Optimizer, batc
     tokens = int(batch.loss_mask.sum().item())
     stats = {"loss": 0.0, "grad_norm": 0.0, "approx_kl": 0.0, "max_abs_logprob_diff": 0.0, "clip_fraction": 0.0}
     lengths = batch.loss_mask.sum(1).float()
-    length = {"response_length": lengths.mean().item(), "response_length_max": int(lengths.max().item())}
+    longest = int(lengths.max().item()) if rows else 0
+    length = {"response_length": lengths.mean().item() if rows else float("nan"), "response_length_max": longest}
     # No forward ran: the entropy is not known this step.
     return {**stats, **length, "entropy": float("nan"), "tokens": tokens, "rows_skipped": rows, "micro_batches": 0}

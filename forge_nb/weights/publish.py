@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import random
+import threading
 import uuid
 import warnings
 from collections.abc import Iterable
@@ -68,6 +69,7 @@ class WeightPublisher:
         for buffer in self.buffers:
             header(buffer)[0] = WRITING  # no version until one is published there
         self.version: int | None = None
+        self._locks = (threading.Lock(), threading.Lock())  # a publish into a buffer waits for a send from it
         self.publish(named, version)
 
     def _shm_paths(self) -> tuple[str, str] | None:
@@ -87,11 +89,16 @@ class WeightPublisher:
         if version == self.version:
             return
         named = list(named_tensors)
-        if self.gpu is not None:
-            self.gpu.publish(named, self.slots, version, self.nonce)
-        if self.host_live:
-            stamped_copy(self.buffers[version % 2], self._targets[version % 2], named, version, self.nonce)
+        with self.lock(version):
+            if self.gpu is not None:
+                self.gpu.publish(named, self.slots, version, self.nonce)
+            if self.host_live:
+                stamped_copy(self.buffers[version % 2], self._targets[version % 2], named, version, self.nonce)
         self.version = version
+
+    def lock(self, version: int) -> threading.Lock:
+        """Held while buffer `version % 2` is written, or sent by a broadcast (`weights.group.GroupSender`)."""
+        return self._locks[version % 2]
 
     @torch.no_grad()
     def keep_host(self, on: bool, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:

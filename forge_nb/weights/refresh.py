@@ -114,7 +114,11 @@ class WeightReceiver:
         if version == previous and not self.collective:
             return RefreshReport(previous, previous, 0, 0.0, 0.0, True, self.transport)
         start = time.perf_counter()
-        afters = await asyncio.gather(*(source.copy(version % 2, previous) for source in self.sources))
+        if any(source.nccl for source in self.sources):
+            # One NCCL communicator per trainer rank: every replica must use them in the same order.
+            afters = [await source.copy(version, previous) for source in self.sources]
+        else:
+            afters = await asyncio.gather(*(source.copy(version, previous) for source in self.sources))
         transferred = time.perf_counter()
         for source, after in zip(self.sources, afters):
             source.check(version, after)
@@ -131,7 +135,7 @@ class _Source:
 
     def __init__(self, manifest: WeightManifest, transport: str, device: torch.device, member: int = 0) -> None:
         self.manifest = manifest
-        self._group = None
+        self._group, self.nccl = None, False
         if transport == "group":
             self._join_group(member, device)
             return
@@ -164,12 +168,17 @@ class _Source:
         on = device if spec.backend == "nccl" else torch.device("cpu")
         self.staging = torch.empty(self.manifest.nbytes, dtype=torch.uint8, device=on)
         self._gpu = self._mapped = self._stream = None
-        self._group, self.transport = GroupEnd(spec, member), "group"
+        self._group, self.transport, self.nccl = GroupEnd(spec, member), "group", spec.backend == "nccl"
 
     def _open_gpu(self, transport: str, device: torch.device) -> list[torch.Tensor] | None:
         if transport not in ("auto", "cuda_ipc"):
             return None
-        opened = open_snapshots(self.manifest.ipc) if device.type == "cuda" else None
+        try:
+            opened = open_snapshots(self.manifest.ipc) if device.type == "cuda" else None
+        except (RuntimeError, OSError):  # IPC refused (e.g. another container with the same boot id)
+            if transport == "cuda_ipc":
+                raise
+            opened = None  # "auto": the next path down
         if transport == "cuda_ipc" and opened is None:
             raise ValueError(
                 "weights transport 'cuda_ipc' asked for, but the trainer's GPU snapshots cannot be opened here "
@@ -185,17 +194,18 @@ class _Source:
         # Same boot id but another /dev/shm (a container): the nonce tells.
         return mapped if any(int(header(b)[1]) == m.nonce for b in mapped) else None
 
-    async def copy(self, index: int, serving: int) -> torch.Tensor:
-        """Buffer `index` into `staging` -> its header as it was after the copy (`serving`: the version
-        that stays live if the copy fails)."""
+    async def copy(self, version: int, serving: int) -> torch.Tensor:
+        """The buffer that holds `version` (`version % 2`) into `staging` -> its header as it was after the
+        copy (`serving`: the version that stays live if the copy fails)."""
+        index = version % 2
         if self._group is not None:
             try:  # in a thread: the actor's loop stays free, as for the TCP streams
-                await asyncio.to_thread(self._group.broadcast, self.staging)
+                await asyncio.to_thread(self._group.receive, version, self.staging)
             except (RuntimeError, dist.DistError) as e:
                 raise RefreshError(
                     f"policy v{serving} stays live; {self._who()}the weights group failed: {e}"
                 ) from None
-            # The trainer sent its own snapshot while it did nothing else: the header cannot have moved.
+            # The sender held the buffer's lock while it sent: no publish moved the header meanwhile.
             return header(self.staging).cpu().clone()
         if self._gpu is not None:
             return copy_stamped(self._gpu[index], self.staging)

@@ -1,7 +1,7 @@
-"""The "group" transport's own path on gloo (NCCL's stand-in here): a trainer rank broadcasts its snapshot,
-every member receives and loads it; a snapshot that holds another version by then is refused, nothing
-loaded. Members are threads here (each its own process group); the session runs them in procs
-(tests/weights/test_refresh_mesh.py)."""
+"""The "group" transport's own path on gloo (NCCL's stand-in here): the receivers ask for a version, the trainer
+rank's sender thread broadcasts its snapshot, every member loads it; a snapshot that holds another version by
+then is refused, nothing loaded; a publish into the buffer being sent waits for the send. Members are threads
+here (each its own process group); the session runs them in procs (tests/weights/test_refresh_mesh.py)."""
 
 import asyncio
 import dataclasses
@@ -10,7 +10,7 @@ import threading
 import pytest
 import torch
 
-from forge_nb.weights.group import GroupEnd, group_spec
+from forge_nb.weights.group import GroupSender, group_spec
 from forge_nb.weights.publish import WeightPublisher
 from forge_nb.weights.refresh import RefreshError, WeightReceiver
 
@@ -44,17 +44,18 @@ def group():
     spec = group_spec(("127.0.0.1",), 3, "gloo", 30.0)
     manifest = dataclasses.replace(publisher.manifest(rdma=False), group=spec)
     sender, *receivers = _in_threads(
-        lambda: GroupEnd(spec, 0),
+        lambda: GroupSender(spec, publisher.snapshot, publisher.lock),
         lambda: WeightReceiver(manifest, transport="group", member=1),
         lambda: WeightReceiver(manifest, transport="group", member=2),
     )
     yield publisher, sender, receivers
+    sender.stop()
     publisher.unlink()
 
 
-def _refresh(publisher, sender, receivers, version: int, sent: int):
-    """The sender broadcasts its snapshot of `sent` while both receivers refresh to `version` -> what each
-    loaded (or the RefreshError each raised)."""
+def _refresh(receivers, version: int):
+    """Both receivers refresh to `version` (the sender answers) -> what each loaded (or the RefreshError each
+    raised)."""
     loaded = [{}, {}]
 
     def receive(i):
@@ -63,16 +64,15 @@ def _refresh(publisher, sender, receivers, version: int, sent: int):
         except RefreshError as e:
             return e
 
-    reports = _in_threads(lambda: sender.broadcast(publisher.snapshot(sent)), lambda: receive(0), lambda: receive(1))
-    return reports[1:], loaded
+    return _in_threads(lambda: receive(0), lambda: receive(1)), loaded
 
 
 def test_every_member_loads_the_broadcast_version(group):
     publisher, sender, receivers = group
     moved = {n: t * 2 for n, t in WEIGHTS.items()}
     publisher.publish(moved.items(), 1)
-    reports, loaded = _refresh(publisher, sender, receivers, 1, sent=1)
-    assert [(r.version, r.transport) for r in reports] == [(1, "group"), (1, "group")]
+    reports, loaded = _refresh(receivers, 1)
+    assert [(r.version, r.transport) for r in reports] == [(1, "group"), (1, "group")] and sender.sent == [1]
     for got in loaded:
         assert all(torch.equal(got[n], moved[n]) for n in moved)
 
@@ -81,6 +81,17 @@ def test_a_snapshot_overwritten_since_is_refused_and_nothing_loads(group):
     publisher, sender, receivers = group
     for version in (1, 2, 3):  # version 3 went into the buffer that held 1
         publisher.publish(((n, t + version) for n, t in WEIGHTS.items()), version)
-    reports, loaded = _refresh(publisher, sender, receivers, 1, sent=1)
+    reports, loaded = _refresh(receivers, 1)
     assert all(isinstance(r, RefreshError) and "held version 3" in str(r) for r in reports) and loaded == [{}, {}]
-    assert [r.version for r in receivers] == [0, 0]
+    assert [r.version for r in receivers] == [0, 0] and sender.sent == [3]
+
+
+def test_a_publish_into_the_buffer_being_sent_waits_for_the_send(group):
+    publisher, sender, receivers = group
+    publisher.publish(((n, t + 1) for n, t in WEIGHTS.items()), 1)
+    with publisher.lock(3):  # as the sender holds it while it sends buffer 1
+        done = threading.Event()
+        threading.Thread(target=lambda: (publisher.publish(WEIGHTS.items(), 3), done.set()), daemon=True).start()
+        assert not done.wait(0.5)  # version 3 goes into buffer 1: it waits
+        publisher.publish(((n, t + 2) for n, t in WEIGHTS.items()), 2)  # buffer 0 is free
+    assert done.wait(10) and publisher.version == 3
