@@ -192,6 +192,14 @@ class Trainer(ForgeActor):
         self.version = version
 
     @endpoint
+    def drop_gpu_snapshots(self) -> bool:
+        """No generator reads this rank's GPU snapshots: free them (`WeightPublisher.drop_gpu`)."""
+        dropped = self.publisher.drop_gpu()
+        if dropped and self.policy.device.type == "cuda":
+            torch.cuda.empty_cache()
+        return dropped
+
+    @endpoint
     def host_snapshots(self, on: bool) -> bool:
         """Copy each published version into host memory too (`on`: a generator reads it there), or keep it
         on the GPU only (every generator opened the GPU snapshots) -> whether host copies are made now."""

@@ -213,8 +213,11 @@ class Roles(Supervised):
             return weight_groups.attach(self, manifests)
         chosen = set(wait(self.generator.attach.call(manifests, transport)).values())
         on_gang(self.trainer, "unlink_shared_memory")
-        # Every reader on the trainer's GPU snapshots: the trainer stops copying versions to host memory.
+        # Every reader on the trainer's GPU snapshots: the trainer stops copying versions to host memory;
+        # none of them there: it frees them.
         on_gang(self.trainer, "host_snapshots", chosen != {"cuda_ipc"})
+        if not any("cuda_ipc" in c for c in chosen):
+            on_gang(self.trainer, "drop_gpu_snapshots")
         return "+".join(sorted(chosen))
 
     def generate(self, prompts: list[str], sampling: SamplingParams) -> Generation:

@@ -28,6 +28,8 @@ def attach(roles: Any, manifests: list[WeightManifest]) -> str:
     on_gang(roles.trainer, "unlink_shared_memory")
     # gloo sends the host snapshots; NCCL the GPU ones, and then the trainer needs no host copy.
     on_gang(roles.trainer, "host_snapshots", backend != "nccl")
+    if backend != "nccl":
+        on_gang(roles.trainer, "drop_gpu_snapshots")
     return "+".join(sorted(chosen))
 
 

@@ -96,6 +96,15 @@ class WeightPublisher:
                 stamped_copy(self.buffers[version % 2], self._targets[version % 2], named, version, self.nonce)
         self.version = version
 
+    def drop_gpu(self) -> bool:
+        """Free the GPU snapshots when no reader opened them (generators on other hosts or GPUs it cannot see
+        read the host buffers): two model copies of GPU memory back -> whether they are gone. A publisher
+        without host buffers keeps them (they are its only ones)."""
+        if self.gpu is not None and self.buffers:
+            with self.lock(0), self.lock(1):
+                self.gpu = None
+        return self.gpu is None
+
     def lock(self, version: int) -> threading.Lock:
         """Held while buffer `version % 2` is written, or sent by a broadcast (`weights.group.GroupSender`)."""
         return self._locks[version % 2]

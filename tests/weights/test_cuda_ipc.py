@@ -73,3 +73,15 @@ def test_host_copies_stop_when_every_reader_is_on_the_gpu_and_restart_with_the_v
     report = asyncio.run(WeightReceiver(publisher.manifest(rdma=False)).refresh(1, lambda named: loaded.update(named)))
     assert report.version == 1 and all(torch.equal(loaded[n], moved[n]) for n in moved)
     publisher.unlink()
+
+
+def test_gpu_snapshots_no_reader_opened_are_freed_unless_they_are_the_only_ones():
+    publisher = WeightPublisher(WEIGHTS)
+    publisher.gpu = _GpuStandIn()
+    assert publisher.drop_gpu() and publisher.gpu is None
+    publisher.publish(((n, t + 1) for n, t in WEIGHTS), 1)  # host buffers only from now on
+    assert int(header(publisher.buffers[1])[0]) == 1
+    publisher.buffers = []  # as with weights.transport="cuda_ipc": no host buffers
+    publisher.gpu = _GpuStandIn()
+    assert not publisher.drop_gpu()
+    publisher.unlink()
