@@ -63,9 +63,10 @@ def policy_update(
     behaviour logprobs).
 
     Read on the policy's own tokens (the loss mask) before the step: `entropy`, the policy's mean entropy
-    per token (nats, at ``logits / temperature``: `rl.entropy`); `clip_fraction`, the share of tokens whose
-    ratio to the behaviour policy lies outside ``[1 - clip[0], 1 + clip[1]]`` (the algorithm's clip range,
-    whichever loss runs; ~0 on-policy, it grows with staleness); `response_length` and
+    per token (nats, at ``logits / temperature``: `rl.entropy`); `clip_fraction`, the share of tokens the
+    clip takes the gradient from: ratio to the behaviour policy below ``1 - clip[0]`` with a negative advantage,
+    or above ``1 + clip[1]`` with a positive one (the algorithm's range, whichever loss runs; TRL's and verl's
+    count; ~0 on-policy, it grows with staleness); `response_length` and
     `response_length_max`, the policy tokens per sequence. `with_entropy` False: no entropy (NaN), and no
     pass over the vocabulary for it.
 
@@ -110,8 +111,10 @@ def policy_update(
         lengths = mask.sum(1)
         mask = mask * ran[:, None]
         log_ratio = (logprobs - batch.old_logprobs) * mask
-        ratio = log_ratio.exp()
-        clipped = ((ratio < 1 - clip[0]) | (ratio > 1 + clip[1])).to(mask.dtype)
+        ratio, advantage = log_ratio.exp(), batch.advantages[:, None]
+        # Clipped where the clip takes the gradient away, as TRL's and verl's clip fractions count it.
+        low, high = (ratio < 1 - clip[0]) & (advantage < 0), (ratio > 1 + clip[1]) & (advantage > 0)
+        clipped = (low | high).to(mask.dtype)
         ref = {}
         if batch.ref_logprobs is not None:  # k3 KL(policy || reference) on the batch's tokens, before the step
             ref["kl_ref"] = masked_mean(kl_k3(logprobs, batch.ref_logprobs), mask).item()

@@ -79,8 +79,12 @@ def test_entropy_is_the_policys_on_its_tokens_whole_or_in_micro_batches(model, l
 
 def test_clip_fraction_counts_tokens_outside_the_algorithms_range(model):
     assert _metrics(model, _batch(model))["clip_fraction"] == 0.0  # on-policy: every ratio is 1
-    # Behaviour logprobs 0.25 above the policy's: every ratio is e^-0.25 = 0.78, below GRPO's 0.8 ...
-    assert _metrics(model, _batch(model, shift=0.25))["clip_fraction"] == 1.0
+    # Behaviour logprobs 0.25 above the policy's: every ratio is e^-0.25 = 0.78, below GRPO's 0.8, which clips
+    # the tokens of the sequences with a negative advantage ...
+    batch = _batch(model, shift=0.25)
+    tokens = batch.loss_mask.sum(1)
+    negative = tokens[batch.advantages < 0].sum() / tokens.sum()
+    assert 0 < negative < 1 and _metrics(model, batch)["clip_fraction"] == pytest.approx(negative.item())
     # ... inside [0.7, 1.28] for clip 0.3 (the policy_update default is GRPO's 0.2).
     trained = copy.deepcopy(model)
     loss_fn = compile_function(builtin_loss(AlgorithmConfig(loss="grpo"), max_tokens=6))
