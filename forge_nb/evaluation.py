@@ -13,7 +13,7 @@ import time
 import torch
 
 from forge_nb.actors.env import AgentCode
-from forge_nb.agents.episodes import episodes_of, row_of
+from forge_nb.agents.episodes import episodes_of, row_of, trajectory_ends
 from forge_nb.agents.trajectory import Trajectory
 from forge_nb.engines.base import SamplingParams
 from forge_nb.mesh.roles import Roles
@@ -47,7 +47,7 @@ def evaluate(actors: Roles, state: RunState, max_tokens: int | None = None, gree
     if actors.envs.live is not None:
         context = {"step": step, "policy_version": state.versions.served, "eval": True}
         trajectories = actors.envs.rollouts([row_of(p) for p in problems], sampling.n, sampling, context)
-        episodes = episodes_of(trajectories, problems, None)
+        episodes = trajectory_ends(episodes_of(trajectories, problems, None))  # one per trajectory
     else:
         texts, ids = state.prompts.render_all(problems)
         generation = actors.generate(ids, sampling)

@@ -24,6 +24,7 @@ from tqdm.auto import tqdm
 from transformers import AutoConfig, AutoTokenizer
 
 from forge_nb import evaluation, heap, step, tables
+from forge_nb.agents.session_api import ExternalAgentsMixin
 from forge_nb.checkpoints import Checkpoints
 from forge_nb.config import Config
 from forge_nb.export import export_bundle
@@ -50,8 +51,8 @@ from forge_nb.watch import StepView, Watch
 __all__ = ["Session", "SessionError"]
 
 
-class Session:
-    """What a notebook, a script or the CLI holds: one run's state, its actors, its live code."""
+class Session(ExternalAgentsMixin):
+    """What a notebook, a script or the CLI holds: one run's state, its actors, its live code, its endpoint."""
 
     def __init__(self, config: Config, data: Any = None) -> None:
         self.config = config.validate()
@@ -135,8 +136,9 @@ class Session:
         return self.actors is not None
 
     def down(self) -> None:
-        """Stop every proc this session started. Safe to call twice."""
+        """Stop every proc this session started, and its endpoint. Safe to call twice."""
         self.runs.stop()
+        self._stop_endpoint()
         actors, self.actors = self.actors, None
         lifecycle.unregister(self)
         self.state.close_logs()
@@ -391,8 +393,7 @@ class Session:
             return self.checkpoints.save_model(path, self._require_up(), self.tokenizer)
 
     def export(self, path: str | Path, steps: int = 100) -> Path:
-        """Write a standalone script + sbatch file that reproduce this session (config, current
-        weights, live reward and loss) without a notebook -> the directory. See `forge_nb.export`."""
+        """A standalone script + sbatch file reproducing this session without a notebook -> the directory."""
         self._require_up()
         origin = {"policy_version": self.trainer_version, "steps": self.step_count}
         weights = self.save_checkpoint if self.trainer_version > 0 else None

@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from forge_nb.config import Config
 from forge_nb.engines.base import SamplingParams
@@ -46,6 +47,7 @@ class RunState:
     prompts: PromptFormat | None = None
     rollout_log: RolloutLog | None = None
     trackers: Trackers = field(default_factory=lambda: Trackers([]))
+    external: Any = None  # `agents.external.ExternalAgents` once `s.endpoint()` started one
     _unsubscribe: Callable[[], None] | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:

@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from forge_nb.actors.trainer import TrainResult
-from forge_nb.agents.episodes import episodes_of, own_reward, row_of
+from forge_nb.agents.episodes import episodes_of, own_reward, row_of, share_with_segments, trajectory_ends
 from forge_nb.engines.base import SamplingParams
 from forge_nb.mesh.roles import Roles
 from forge_nb.rl import rollout as pipeline
@@ -33,11 +33,17 @@ from forge_nb.tasks import Problem
 
 def rollout(state: RunState, roles: Roles, problems: list[Problem] | None = None) -> Rollout:
     """Generate G samples for each prompt (the task's next P by default) -- G multi-turn trajectories
-    when an agent rollout is live (`generate_agents`) -- score them, give them group-relative advantages."""
-    problems = problems or state.task.sample(state.config.algorithm.prompts_per_step)
+    when an agent rollout is live (`generate_agents`), or the complete groups agents outside the mesh
+    contributed when any wait (`take_external`) -- score them, give them group-relative advantages."""
     sampling = state.sampling()
+    outside = take_external(state, sampling.n)
+    problems = outside[1] if outside else problems or state.task.sample(state.config.algorithm.prompts_per_step)
     state.rollout_count += 1
-    if roles.envs.live is not None:
+    if outside:
+        trajectories = outside[0]
+        episodes, own = episodes_of(trajectories, problems, state.next_sample_id), [own_reward(t) for t in trajectories]
+        generate_s, version = max(t.info["seconds"] for t in trajectories), min(e.policy_version for e in episodes)
+    elif roles.envs.live is not None:
         start = time.perf_counter()
         episodes, own = generate_agents(state, roles, problems, sampling)
         generate_s, version = time.perf_counter() - start, min(e.policy_version for e in episodes)
@@ -48,14 +54,25 @@ def rollout(state: RunState, roles: Roles, problems: list[Problem] | None = None
         episodes = pipeline.make_episodes(problems, texts, generation.completions, version, state.next_sample_id)
     state.next_sample_id += len(episodes)
     reference = roles.reference_logprobs(episodes)  # the reference runs while the reward procs score
-    score_s = score(state, roles, episodes, own)
+    ends = trajectory_ends(episodes)  # one per sample: a trajectory's earlier segments share its scores
+    score_s = score(state, roles, ends, own)
     reference_s = roles.attach_reference(episodes, reference)
-    advantages(state, episodes, sampling.n)
-    accuracy = sum(state.task.verify(e.completion, e.target) for e in episodes) / len(episodes)
+    advantages(state, ends, sampling.n)
+    share_with_segments(episodes)
+    accuracy = sum(state.task.verify(e.completion, e.target) for e in ends) / len(ends)
     state.buffer.add(episodes)
     batch = Rollout(episodes, version, accuracy, generate_s, score_s, reference_s)
     state.metrics.emit("rollout", step=state.step_count, epoch=getattr(state.task, "epoch", 0), **batch.summary())
     return batch
+
+
+def take_external(state: RunState, group_size: int) -> tuple[list, list[Problem]] | None:
+    """Complete groups of trajectories that agents outside the mesh closed (`agents.external`) -> (the
+    trajectories, their problems), or None when none is waiting: this batch generates as usual."""
+    if state.external is None:
+        return None
+    trajectories, problems = state.external.take(group_size, state.config.algorithm.prompts_per_step)
+    return (trajectories, problems) if trajectories else None
 
 
 def generate_agents(
@@ -63,7 +80,8 @@ def generate_agents(
 ) -> tuple[list[Episode], list[float | None]]:
     """G trajectories per problem from the live agent rollout, in the env procs (their model calls go to
     the generator replicas, batched per turn) -> one episode per trajectory, and each trajectory's own
-    reward (None: the live rewards score its last reply)."""
+    reward (None: the live rewards score its last reply). A trajectory of several segments gives one
+    episode per segment (`agents.episodes`); `own` has one entry per trajectory."""
     context = {"step": state.step_count, "policy_version": state.versions.served}
     rows = [row_of(p) for p in problems]
     trajectories = roles.envs.rollouts(rows, sampling.n, sampling, context)

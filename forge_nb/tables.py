@@ -22,7 +22,7 @@ SAMPLE_COLUMNS = [
     "loss_version",
     "reward_error",
 ]
-AGENT_COLUMNS = ["turns", "tool_calls", "tool_errors", "trained_tokens"]
+AGENT_COLUMNS = ["turns", "segment", "tool_calls", "tool_errors", "trained_tokens"]  # segment: "k/n" if split
 
 
 def samples_table(buffer: ReplayBuffer, n: int = 16) -> pd.DataFrame:

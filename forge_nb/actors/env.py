@@ -4,11 +4,15 @@ It holds the live rollout (an agent loop ``async def rollout(client, row, **cont
 environment class with ``reset`` / ``step``) and its tools, compiled from source like every piece of
 live code. `rollouts` runs G trajectories per row concurrently (`agents.runner`); their model calls
 go to the generator actors as batches of token ids (`agents.batching`), so a turn of every
-trajectory is one generator call. Tools run here, never in the kernel.
+trajectory is one generator call. Tools run here, never in the kernel. With ``agent.client="openai"``
+(the default) each rollout's client is a real `openai.AsyncOpenAI` on its trajectory's URL at this
+proc's OpenAI-compatible endpoint (`agents.endpoint`, on 127.0.0.1, started at the first batch, closed
+with the proc), so agent frameworks that take a client or a base URL run here unchanged.
 """
 
 from __future__ import annotations
 
+import atexit
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,6 +22,7 @@ from transformers import AutoTokenizer
 from forge_nb.actors.base import AsyncForgeActor
 from forge_nb.agents.backend import generator_backend
 from forge_nb.agents.client import Limits
+from forge_nb.agents.endpoint import Endpoint
 from forge_nb.agents.runner import run_rollouts
 from forge_nb.agents.trajectory import Trajectory
 from forge_nb.config import Config
@@ -34,12 +39,13 @@ class EnvSpec:
     threads: int
     limits: Limits
     tool_timeout_s: float
+    client: str = "openai"
 
     @classmethod
     def from_config(cls, config: Config) -> EnvSpec:
         a = config.agent
         limits = Limits(a.max_turns, a.max_total_tokens, config.engine.max_tokens)
-        return cls(str(config.model.resolved_path()), 1, limits, a.tool_timeout_s)
+        return cls(str(config.model.resolved_path()), 1, limits, a.tool_timeout_s, a.client)
 
 
 @dataclass(frozen=True)
@@ -60,6 +66,8 @@ class EnvWorker(AsyncForgeActor):
         self._begin(spec.threads)
         self.tokenizer = AutoTokenizer.from_pretrained(spec.model_dir)
         self.limits, self.tool_timeout_s = spec.limits, spec.tool_timeout_s
+        self.serve_http = spec.client == "openai"
+        self.http: Endpoint | None = None
         self.generator: Any = None
         self.replicas = 1
         self.fn, self.form, self.tools, self.version = None, "rollout", [], 0
@@ -106,6 +114,7 @@ class EnvWorker(AsyncForgeActor):
             tools=tools,
             tool_timeout=self.tool_timeout_s,
             context=context,
+            endpoint=self._endpoint() if self.serve_http else None,
             **{form: fn},
         )
         for t in trajectories:
@@ -113,6 +122,18 @@ class EnvWorker(AsyncForgeActor):
             if form == "env" and t.reward is None and t.finish_reason != "error":
                 t.reward = 0.0  # an environment's reward is its step rewards, 0 included: the live rewards never decide
         return trajectories
+
+    def _endpoint(self) -> Endpoint:
+        """This proc's endpoint, started at the first batch; it closes with the proc."""
+        if self.http is None or not self.http.running:
+            self.http = Endpoint().start()
+            atexit.register(self.http.stop)
+        return self.http
+
+    @endpoint
+    async def endpoint_url(self) -> str | None:
+        """The base URL this proc's endpoint serves on (None before the first batch)."""
+        return self.http.url if self.http is not None else None
 
 
 def _compiled(tools: tuple[LiveCode, ...]) -> list:

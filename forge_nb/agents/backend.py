@@ -17,7 +17,7 @@ def engine_backend(engine) -> Backend:
     """`engine.generate` as a backend: prompts [B][P_i] token ids -> B completions (n = 1 each)."""
 
     def generate(prompt_ids: list[list[int]], sampling: SamplingParams) -> list[Completion]:
-        prompts, sampling, spread = _grouped(prompt_ids, sampling)
+        prompts, sampling, spread = grouped(prompt_ids, sampling)
         return spread(engine.generate(prompts, sampling))
 
     return generate
@@ -33,7 +33,7 @@ class GeneratorBackend:
         self.versions: list[int] = []
 
     async def __call__(self, prompt_ids: list[list[int]], sampling: SamplingParams) -> list[Completion]:
-        prompts, sampling, spread = _grouped(prompt_ids, sampling)
+        prompts, sampling, spread = grouped(prompt_ids, sampling)
         if sampling.seed is not None:  # each turn draws fresh randomness, still seeded
             sampling = replace(sampling, seed=sampling.seed + 7919 * len(self.versions))
         size = -(-len(prompts) // self.replicas)
@@ -52,7 +52,7 @@ def generator_backend(generator, replicas: int = 1) -> GeneratorBackend:
     return GeneratorBackend(generator, replicas)
 
 
-def _grouped(prompt_ids: list[list[int]], sampling: SamplingParams):
+def grouped(prompt_ids: list[list[int]], sampling: SamplingParams):
     """When every distinct prompt occurs k > 1 times, each once with n = k -> (prompts, sampling, a
     function from the engine's groups back to one completion per original prompt)."""
     distinct: dict[tuple[int, ...], int] = {}

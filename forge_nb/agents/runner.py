@@ -23,11 +23,13 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import asynccontextmanager
 from typing import Any, Protocol
 
 from forge_nb.agents.batching import Backend, GenerationBatcher, is_async
 from forge_nb.agents.client import AgentClient, Limits, RolloutLimit
+from forge_nb.agents.endpoint import Endpoint
 from forge_nb.agents.tools import DEFAULT_TIMEOUT_S, ToolSet
 from forge_nb.agents.trajectory import Trajectory
 from forge_nb.engines.base import SamplingParams
@@ -56,10 +58,13 @@ async def run_rollouts(
     tools: Sequence[Callable] = (),
     tool_timeout: float = DEFAULT_TIMEOUT_S,
     context: dict | None = None,
+    endpoint: Endpoint | None = None,
 ) -> list[Trajectory]:
     """`len(rows) * group_size` trajectories, row-major (index i * G + j is sample j of row i), run
     concurrently; exactly one of `rollout` (agent loop) and `env` (environment factory) is given.
-    `limits` default to `Limits()`; `sampling` gives the calls' defaults (see `AgentClient`)."""
+    `limits` default to `Limits()`; `sampling` gives the calls' defaults (see `AgentClient`). With a
+    started `endpoint`, each rollout's client is a real `openai.AsyncOpenAI` on its trajectory's URL
+    there (`agents.endpoint`); without, the in-process `AgentClient`."""
     if (rollout is None) == (env is None):
         raise ValueError("run_rollouts: give either rollout= (an agent loop) or env= (an environment factory)")
     if rollout is not None and not is_async(rollout):
@@ -69,7 +74,7 @@ async def run_rollouts(
     batcher = backend if isinstance(backend, GenerationBatcher) else GenerationBatcher(backend)
     toolset = ToolSet(tools, tool_timeout)
     jobs = [
-        _run_one(batcher, tokenizer, row, i, j, rollout, env, limits, sampling, toolset, dict(context or {}))
+        _run_one(batcher, tokenizer, row, i, j, rollout, env, limits, sampling, toolset, dict(context or {}), endpoint)
         for i, row in enumerate(rows)
         for j in range(group_size)
     ]
@@ -88,9 +93,41 @@ async def _run_one(
     sampling: SamplingParams | None,
     toolset: ToolSet,
     context: dict,
+    endpoint: Endpoint | None,
 ) -> Trajectory:
     trajectory = Trajectory(row=row, group=group, sample=sample)
-    client = AgentClient(batcher, tokenizer, trajectory, limits, sampling)
+    conversation = AgentClient(batcher, tokenizer, trajectory, limits, sampling)
+    async with _client(conversation, endpoint) as client:
+        await _drive(client, conversation, trajectory, row, rollout, env, toolset, context)
+    return trajectory
+
+
+@asynccontextmanager
+async def _client(conversation: AgentClient, endpoint: Endpoint | None) -> AsyncIterator[Any]:
+    """The rollout's client: `conversation` itself, or an `openai.AsyncOpenAI` on its URL at `endpoint`."""
+    if endpoint is None:
+        yield conversation
+        return
+    tid = endpoint.open(conversation)
+    client = endpoint.client(tid)
+    try:
+        yield client
+    finally:
+        endpoint.close(tid)
+        await client.close()
+
+
+async def _drive(
+    client: Any,
+    conversation: AgentClient,
+    trajectory: Trajectory,
+    row: dict,
+    rollout: RolloutFn | None,
+    env: Callable[[], Environment] | None,
+    toolset: ToolSet,
+    context: dict,
+) -> None:
+    group, sample = trajectory.group, trajectory.sample
     try:
         if rollout is not None:
             tools = toolset.bound(trajectory.record_tool)
@@ -98,15 +135,17 @@ async def _run_one(
             _take_return(trajectory, await rollout(client, row, **context))
         else:
             await drive_environment(client, env(), row)
-        trajectory.finish_reason = "max_tokens" if client.budget_exhausted else "stop"
+        trajectory.finish_reason = "max_tokens" if conversation.budget_exhausted else "stop"
     except RolloutLimit as limit:
         trajectory.finish_reason = limit.reason
     except Exception as e:  # noqa: BLE001 - one failing rollout must not end the others
-        trajectory.finish_reason, trajectory.error = "error", f"{type(e).__name__}: {e}"
-    return trajectory
+        if conversation.limit is not None:  # over HTTP a limit reaches the rollout as the client's error
+            trajectory.finish_reason = conversation.limit
+        else:
+            trajectory.finish_reason, trajectory.error = "error", f"{type(e).__name__}: {e}"
 
 
-async def drive_environment(client: AgentClient, environment: Environment, row: dict) -> None:
+async def drive_environment(client: Any, environment: Environment, row: dict) -> None:
     """Run `environment` for one trajectory: observe, generate, step, until done or a limit."""
     try:
         messages = _messages(await _maybe_await(environment.reset(row)))

@@ -73,10 +73,13 @@ def tools_block(schemas: Sequence[dict]) -> str:
 
 
 def as_message(message: Any) -> dict:
-    """A chat message as a plain dict (an `openai` message object is dumped without its None fields)."""
-    if hasattr(message, "model_dump"):
-        return message.model_dump(exclude_none=True)
-    return dict(message)
+    """A chat message as a plain dict (an `openai` message object is dumped without its None fields);
+    content given as a list of parts (``[{"type": "text", "text": ...}]``, what some frameworks send)
+    becomes their text, joined."""
+    out = message.model_dump(exclude_none=True) if hasattr(message, "model_dump") else dict(message)
+    if isinstance(out.get("content"), list):
+        out["content"] = "".join(p.get("text", "") if isinstance(p, dict) else str(p) for p in out["content"])
+    return out
 
 
 def hermes_messages(messages: Sequence[Any], schemas: Sequence[dict]) -> list[dict]:

@@ -7,7 +7,13 @@ prompt; loss mask 0) and then its generated tokens with their sampling logprobs 
 concatenation is exactly what the backend got as its last prompt plus its last output: nothing is
 re-tokenised, so the trainer scores the tokens the policy sampled.
 
-`next_prompt_ids` builds the next call's prompt as ``previous prompt + generated ids + delta``. The
+`next_prompt_ids` builds the next call's prompt as ``previous prompt + generated ids + delta``.
+
+Segments: a call whose messages do not extend the previous call's (the tools or the system prompt
+changed, the history was trimmed, summarised or edited, or the template rewrites earlier turns) starts
+a new segment of the same trajectory: its first turn's delta is its whole prompt. `segments()` gives
+each segment as a trajectory of its own; each is trained as its own sequence (its prompt, then the
+policy's tokens masked in), all with the trajectory's reward and advantage. The
 delta is the tokenisation of only the new text: the chat template is rendered for the conversation up
 to the model's reply and for the conversation with the new messages and the generation prompt; the
 first must be a prefix of the second, and only the suffix is tokenised. Caveat: a template that
@@ -19,7 +25,7 @@ can then be both what the generator saw and what the template renders.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from forge_nb.agents.tool_calls import render
@@ -48,6 +54,8 @@ class Turn:
     reward: float = 0.0
     tool_calls: int = 0
     tool_errors: int = 0
+    segment: int = 0  # which segment of the trajectory this turn belongs to (see the module docstring)
+    new_segment: str | None = None  # on a segment's first turn after the first: why the prompt did not extend
 
 
 @dataclass
@@ -71,8 +79,23 @@ class Trajectory:
     info: dict[str, Any] = field(default_factory=dict)
     messages: list[dict] = field(default_factory=list)
 
+    def segments(self) -> list[Trajectory]:
+        """One trajectory per segment (same row, group, sample, reward, info; that segment's turns), in
+        order; a trajectory without turns is one empty segment."""
+        if not self.turns or self.turns[-1].segment == 0:
+            return [self]
+        parts: dict[int, list[Turn]] = {}
+        for turn in self.turns:
+            parts.setdefault(turn.segment, []).append(turn)
+        return [replace(self, turns=turns) for turns in parts.values()]
+
+    @property
+    def num_segments(self) -> int:
+        return self.turns[-1].segment + 1 if self.turns else 1
+
     def token_ids(self) -> list[int]:
-        """Every token of the conversation [T] = sum over turns of D_k + C_k."""
+        """Every token of the conversation [T] = sum over turns of D_k + C_k (one segment's: see
+        `segments`; over several segments this concatenates sequences that were never one prompt)."""
         return [t for turn in self.turns for t in (*turn.prompt_delta_ids, *turn.completion_ids)]
 
     def loss_mask(self) -> list[int]:
@@ -99,9 +122,12 @@ class Trajectory:
         return self.logprobs()[len(self.prompt_ids) :]
 
     def last_prompt_ids(self) -> list[int]:
-        """What the backend was given as the prompt of the last call."""
-        ids = self.token_ids()
-        return ids[: len(ids) - len(self.turns[-1].completion_ids)] if self.turns else []
+        """What the backend was given as the prompt of the last call (the last segment's tokens before
+        its last completion)."""
+        if not self.turns:
+            return []
+        ids = self.segments()[-1].token_ids()
+        return ids[: len(ids) - len(self.turns[-1].completion_ids)]
 
     @property
     def turn_rewards(self) -> list[float]:
@@ -130,7 +156,8 @@ class Trajectory:
 
     def summary(self) -> dict:
         """A flat dict for tables (no token lists)."""
-        return {name: getattr(self, name) for name in SUMMARY} | {"trained_tokens": sum(self.loss_mask())}
+        out = {name: getattr(self, name) for name in SUMMARY} | {"trained_tokens": sum(self.loss_mask())}
+        return out | ({"segments": self.num_segments} if self.num_segments > 1 else {})
 
     def add_reward(self, value: float) -> None:
         """Add `value` to the latest turn's reward (a per-turn reward from inside a rollout)."""

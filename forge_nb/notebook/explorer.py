@@ -177,13 +177,19 @@ def _turns_html(turns: str | None) -> str:
     if not turns:
         return ""
     rows = "".join(
-        f"<tr><td>{i}</td><td>{t['prompt_tokens']}</td><td>{t['completion_tokens']}</td><td>{t['finish_reason']}</td>"
+        _new_segment_html(t.get("new_segment"))
+        + f"<tr><td>{i}</td><td>{t['prompt_tokens']}</td><td>{t['completion_tokens']}</td><td>{t['finish_reason']}</td>"
         f"<td>{t['reward']:g}</td><td>{t['tool_calls']}/{t['tool_errors']}</td><td>{html.escape(t['text'][:120])}</td></tr>"
         for i, t in enumerate(json.loads(turns))
     )
     names = ("turn", "added", "generated", "finish", "reward", "tools/err", "reply")
     head = "<tr>" + "".join(f"<th>{n}</th>" for n in names) + "</tr>"
     return f"<table class='forge-turns'>{head}{rows}</table>"
+
+
+def _new_segment_html(why: str | None) -> str:
+    """A row saying this turn starts a new segment (its prompt did not extend the previous call's), and why."""
+    return f"<tr><td colspan='7'><i>new segment: {html.escape(why)}</i></td></tr>" if why else ""
 
 
 def _tokens_html(pieces: list[str], generator: list[float], trainer: Any, mask: list[int] | None = None) -> str:

@@ -41,6 +41,10 @@ class Episode:
     # call (text, tokens, reward, tool calls and errors, policy version) for tables and the explorer.
     completion_mask: list[int] | None = None
     turns: list[dict] | None = None
+    # A trajectory whose calls did not all extend one conversation is several sequences: segment k of
+    # `segments` (each trained as its own sequence, all with the trajectory's reward and advantage).
+    segment: int = 0
+    segments: int = 1
 
     @property
     def trained_tokens(self) -> int:
@@ -57,6 +61,9 @@ class Episode:
         for key in ("prompt_ids", "completion_ids", "logprobs", "ref_logprobs", "rewards", "extras"):
             out.pop(key)
         out.pop("completion_mask")
+        segment, segments = out.pop("segment"), out.pop("segments")
+        if segments > 1:
+            out["segment"] = f"{segment + 1}/{segments}"
         turns = out.pop("turns")
         out["num_tokens"] = self.num_tokens
         if turns is not None:

@@ -2,12 +2,13 @@
 
 import asyncio
 import copy
+from collections.abc import Callable
 
 import pytest
 from openai.types.chat import ChatCompletion
 
 from forge_nb.agents.batching import GenerationBatcher
-from forge_nb.agents.client import AgentClient, ConversationError, Limits
+from forge_nb.agents.client import AgentClient, Limits
 from forge_nb.agents.tools import ToolSet
 from forge_nb.agents.trajectory import Trajectory
 from tests.agents.conftest import SCRIPTED_LOGPROB, ScriptedBackend
@@ -111,17 +112,50 @@ def test_calls_with_different_sampling_are_batched_apart(tokenizer):
     assert sorted(batcher.batch_sizes) == [2, 2]
 
 
-def test_editing_an_earlier_message_is_refused(tokenizer):
-    client = AgentClient(GenerationBatcher(ScriptedBackend(tokenizer, lambda p: "ok")), tokenizer, Trajectory(row={}))
+def two_calls(client: AgentClient, second: Callable[[list, object], tuple[list, object]]):
+    """A first call on "hi", then a second on `second(messages, reply)` -> (messages, tools) of call 2."""
 
-    async def edit():
+    async def run():
         messages = [{"role": "user", "content": "hi"}]
-        reply = (await client.chat.completions.create(messages=messages)).choices[0].message
-        edited = [{"role": "user", "content": "hello"}, reply, {"role": "user", "content": "and?"}]
-        await client.chat.completions.create(messages=edited)
+        reply = (await client.chat.completions.create(messages=messages, tools=[multiply])).choices[0].message
+        messages, tools = second(messages, reply)
+        await client.chat.completions.create(messages=messages, tools=tools)
 
-    with pytest.raises(ConversationError, match="message 0 changed"):
-        asyncio.run(edit())
+    asyncio.run(run())
+
+
+@pytest.mark.parametrize(
+    ("second", "why"),
+    [
+        (
+            lambda m, r: ([{"role": "user", "content": "hello"}, r, {"role": "user", "content": "and?"}], [multiply]),
+            "message 0 (user) changed",
+        ),
+        (lambda m, r: ([*m, r, {"role": "user", "content": "and?"}], None), "the tools changed"),
+        (lambda m, r: ([{"role": "user", "content": "summary: hi"}], [multiply]), "message 0 (user) changed"),
+        (lambda m, r: ([*m, {"role": "user", "content": "and?"}], [multiply]), "not the assistant's reply"),
+    ],
+    ids=["edited", "tools-changed", "history-trimmed", "reply-not-appended"],
+)
+def test_a_call_that_does_not_extend_the_conversation_starts_a_new_segment(tokenizer, second, why):
+    backend = ScriptedBackend(tokenizer, lambda p: "ok")
+    trajectory = Trajectory(row={})
+    two_calls(AgentClient(GenerationBatcher(backend, window_s=0.001), tokenizer, trajectory), second)
+    first, new = trajectory.turns
+    assert (first.segment, new.segment, first.new_segment) == (0, 1, None) and why in new.new_segment
+    assert new.prompt_delta_ids == backend.batches[1][0]  # the new segment's delta is its whole prompt
+    segments = trajectory.segments()
+    assert [s.num_turns for s in segments] == [1, 1] and trajectory.summary()["segments"] == 2
+    for segment, prompt in zip(segments, backend.batches):
+        assert segment.prompt_ids == prompt[0] and segment.completion_ids() == backend.outputs[tuple(prompt[0])]
+        assert segment.completion_mask() == [1] * len(segment.completion_ids())
+
+
+def test_a_conversation_that_extends_stays_one_segment(tokenizer):
+    trajectory = Trajectory(row={})
+    client = AgentClient(GenerationBatcher(ScriptedBackend(tokenizer, lambda p: "ok")), tokenizer, trajectory)
+    two_calls(client, lambda m, r: ([*m, r, {"role": "user", "content": "and?"}], [multiply]))
+    assert [t.segment for t in trajectory.turns] == [0, 0] and trajectory.segments() == [trajectory]
 
 
 def test_the_calls_max_tokens_is_capped_by_the_limits(tokenizer):

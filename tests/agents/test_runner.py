@@ -8,17 +8,29 @@ import pytest
 
 from forge_nb.agents.batching import GenerationBatcher
 from forge_nb.agents.client import Limits
+from forge_nb.agents.endpoint import Endpoint
 from forge_nb.agents.runner import run_rollouts
 from forge_nb.agents.tasks import GuessTheNumber
 from tests.agents.conftest import ScriptedBackend
 
 ROWS = [{"q": "a"}, {"q": "b"}, {"q": "c"}]
+SERVED: list[Endpoint | None] = [None]  # the endpoint of the running test's `client` parameter
+
+
+@pytest.fixture(autouse=True, params=["in_process", "openai"])
+def client(request):
+    """Every test twice: with the in-process client, and with a real AsyncOpenAI over the HTTP endpoint."""
+    SERVED[0] = Endpoint().start() if request.param == "openai" else None
+    yield request.param
+    if SERVED[0] is not None:
+        SERVED[0].stop()
+        assert not SERVED[0].trajectories  # every trajectory was closed when its rollout ended
 
 
 def run(tokenizer, reply, rows=ROWS, **kwargs):
     backend = ScriptedBackend(tokenizer, reply)
     batcher = GenerationBatcher(backend, window_s=0.01)
-    return asyncio.run(run_rollouts(batcher, tokenizer, rows, **kwargs)), batcher
+    return asyncio.run(run_rollouts(batcher, tokenizer, rows, endpoint=SERVED[0], **kwargs)), batcher
 
 
 async def ask_once(client, row, **context):

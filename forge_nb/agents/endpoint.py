@@ -1,0 +1,147 @@
+"""An OpenAI-compatible HTTP endpoint for the live policy, one URL per trajectory.
+
+    endpoint = Endpoint().start()                  # uvicorn on 127.0.0.1, a free port, its own thread
+    tid = endpoint.open(AgentClient(batcher, tokenizer, trajectory))
+    client = endpoint.client(tid)                  # a real openai.AsyncOpenAI on .../t/<tid>/v1
+    ...                                            # or any framework given endpoint.base_url(tid), endpoint.token
+    endpoint.close(tid); endpoint.stop()           # the port is closed when stop() returns
+
+Every request carries the endpoint's token (``Authorization: Bearer <token>``, what `api_key` sends);
+the trajectory id in the path picks the server-side `AgentClient` that records the call's exact
+token ids and logprobs (`agents.client`), so every check of a conversation holds here as in process.
+The routes and the request/response shapes are in `agents.http_api`.
+
+A trajectory's calls run on the event loop that opened it (where its batcher gathers the calls of many
+trajectories into one generator batch); one opened outside any loop runs on the server's own loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import socket
+import threading
+import time
+from collections.abc import Coroutine
+from dataclasses import dataclass
+from typing import Any
+
+import uvicorn
+
+from forge_nb.agents.client import AgentClient
+
+START_TIMEOUT_S = 10.0
+
+
+class EndpointError(RuntimeError):
+    """The endpoint could not start."""
+
+
+class TrajectoryClosed(LookupError):
+    """A request for a trajectory id that is unknown or closed."""
+
+
+@dataclass
+class Opened:
+    """One open trajectory: its server-side client and the loop its calls run on."""
+
+    client: AgentClient
+    loop: asyncio.AbstractEventLoop | None
+
+
+class Endpoint:
+    """The HTTP server and its open trajectories. `host` 127.0.0.1 by default (the mesh's address to
+    serve agents on other hosts); `token` a fresh random one unless given."""
+
+    def __init__(self, host: str = "127.0.0.1", port: int = 0, token: str | None = None) -> None:
+        self.host, self.port = host, port
+        self.token = token or f"forge-{secrets.token_urlsafe(24)}"
+        self.trajectories: dict[str, Opened] = {}
+        self.requests = 0  # every request served (for tests and the benchmark)
+        self._next = 0
+        self._server: uvicorn.Server | None = None
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    # -- lifetime -----------------------------------------------------------------------------------
+    def start(self) -> Endpoint:
+        """Serve on `host` (a free port when `port` is 0) in a daemon thread -> self, once it listens."""
+        from forge_nb.agents.http_api import make_app
+
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((self.host, self.port))
+        self.port = sock.getsockname()[1]
+        config = uvicorn.Config(make_app(self), log_level="warning", access_log=False, lifespan="off")
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(target=self._serve, args=(sock,), name="forge-endpoint", daemon=True)
+        self._thread.start()
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while not self._server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                sock.close()
+                raise EndpointError(f"the endpoint did not start on {self.host}:{self.port}")
+            time.sleep(0.01)
+        return self
+
+    def _serve(self, sock: socket.socket) -> None:
+        asyncio.run(self._server.serve(sockets=[sock]))  # type: ignore[union-attr]
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        """Stop serving and close the port; safe to call twice."""
+        server, thread, self._server, self._thread = self._server, self._thread, None, None
+        if server is None or thread is None:
+            return
+        server.should_exit = True
+        thread.join(timeout_s)
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    # -- trajectories ------------------------------------------------------------------------------
+    def open(self, client: AgentClient) -> str:
+        """Register `client`'s trajectory -> its id (its calls go to ``base_url(id)``)."""
+        try:
+            loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            loop = None
+        with self._lock:
+            self._next += 1
+            t = client.trajectory
+            tid = f"{t.group}-{t.sample}-{self._next}-{secrets.token_hex(3)}"
+            self.trajectories[tid] = Opened(client, loop)
+        return tid
+
+    def close(self, tid: str) -> None:
+        """No more calls to trajectory `tid` (a later request gets 404)."""
+        with self._lock:
+            self.trajectories.pop(tid, None)
+
+    def get(self, tid: str) -> Opened:
+        with self._lock:
+            opened = self.trajectories.get(tid)
+        if opened is None:
+            raise TrajectoryClosed(f"no open trajectory {tid!r}: it was closed (its rollout ended) or never opened")
+        return opened
+
+    def base_url(self, tid: str) -> str:
+        """The OpenAI base URL of trajectory `tid` (what ``OpenAI(base_url=...)`` takes)."""
+        return f"{self.url}/t/{tid}/v1"
+
+    def client(self, tid: str, **kwargs: Any):
+        """A real `openai.AsyncOpenAI` bound to trajectory `tid` (see `agents.openai_client`)."""
+        from forge_nb.agents.openai_client import TrajectoryClient
+
+        return TrajectoryClient(self.base_url(tid), self.token, self.get(tid).client.trajectory, **kwargs)
+
+    async def run(self, opened: Opened, call: Coroutine) -> Any:
+        """Await `call` on the loop of the trajectory's batcher (this one when it is the same)."""
+        here = asyncio.get_running_loop()
+        if opened.loop is None or opened.loop is here:
+            return await call
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(call, opened.loop))

@@ -1,0 +1,120 @@
+"""The OpenAI-compatible endpoint with a scripted backend: a real `openai.AsyncOpenAI` and plain HTTP
+against it; the token, malformed requests, closed trajectories, the raw completions route, the port."""
+
+import asyncio
+import socket
+
+import openai
+import pytest
+import requests
+
+from forge_nb.agents.batching import GenerationBatcher
+from forge_nb.agents.client import AgentClient, Limits
+from forge_nb.agents.endpoint import Endpoint
+from forge_nb.agents.trajectory import Trajectory
+from tests.agents.conftest import ScriptedBackend
+
+CALL = '<tool_call>\n{"name": "multiply", "arguments": {"a": 6, "b": 7}}\n</tool_call>'
+
+
+def multiply(a: int, b: int) -> int:
+    """Multiply two integers.
+
+    Args:
+        a: The first factor.
+        b: The second factor.
+    """
+    return a * b
+
+
+@pytest.fixture
+def served(tokenizer):
+    """An endpoint with one open trajectory -> (endpoint, trajectory id, trajectory, backend)."""
+    endpoint = Endpoint().start()
+    backend = ScriptedBackend(tokenizer, lambda p: "42" if "<tool_response>" in p else CALL)
+    trajectory = Trajectory(row={})
+    tid = endpoint.open(AgentClient(GenerationBatcher(backend, window_s=0.001), tokenizer, trajectory, Limits(4)))
+    yield endpoint, tid, trajectory, backend
+    endpoint.stop()
+
+
+def post(endpoint, tid, route, body, token=None):
+    headers = {"Authorization": f"Bearer {token or endpoint.token}"}
+    return requests.post(f"{endpoint.base_url(tid)}/{route}", json=body, headers=headers, timeout=30)
+
+
+def test_a_real_async_openai_client_runs_a_tool_loop_recorded_token_for_token(served):
+    endpoint, tid, trajectory, backend = served
+
+    async def loop():
+        client = endpoint.client(tid)
+        assert isinstance(client, openai.AsyncOpenAI) and str(client.base_url).endswith(f"/t/{tid}/v1/")
+        messages = [{"role": "user", "content": "What is 6 times 7?"}]
+        first = await client.chat.completions.create(model="any", messages=messages, tools=[multiply])
+        call = first.choices[0].message.tool_calls[0]
+        assert first.choices[0].finish_reason == "tool_calls" and call.function.name == "multiply"
+        messages += [first.choices[0].message, {"role": "tool", "tool_call_id": call.id, "content": "42"}]
+        second = await client.chat.completions.create(model="any", messages=messages, tools=[multiply])
+        await client.close()
+        return second.choices[0].message.content
+
+    assert asyncio.run(loop()) == "42"
+    assert [t.segment for t in trajectory.turns] == [0, 0]
+    assert trajectory.last_prompt_ids() == backend.batches[-1][0]  # the stream the backend saw, not re-tokenised
+
+
+def test_requests_without_the_token_or_to_a_closed_trajectory_are_refused(served):
+    endpoint, tid, _, _ = served
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+    assert requests.post(f"{endpoint.base_url(tid)}/chat/completions", json=body, timeout=30).status_code == 401
+    wrong = post(endpoint, tid, "chat/completions", body, token="forge-wrong")
+    assert wrong.status_code == 401 and wrong.json()["error"]["type"] == "authentication_error"
+    endpoint.close(tid)
+    closed = post(endpoint, tid, "chat/completions", body)
+    assert closed.status_code == 404 and "no open trajectory" in closed.json()["error"]["message"]
+
+
+@pytest.mark.parametrize(
+    ("body", "says"),
+    [
+        ({"model": "m"}, "messages"),
+        ({"model": "m", "messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function"}]}, "tools"),
+        ({"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True}, "stream=true"),
+        ({"model": "m", "messages": [{"role": "user", "content": "hi"}], "n": 2}, "n=1"),
+    ],
+    ids=["no-messages", "tool-without-function", "stream", "n"],
+)
+def test_a_malformed_request_gets_openais_400_error_shape_and_records_nothing(served, body, says):
+    endpoint, tid, trajectory, _ = served
+    response = post(endpoint, tid, "chat/completions", body)
+    error = response.json()["error"]
+    assert response.status_code == 400 and set(error) == {"message", "type", "param", "code"}
+    assert says in error["message"] and trajectory.turns == []
+    assert post(endpoint, tid, "chat/completions", {"model": "m", "messages": [{"role": "user", "content": "hi"}]}).ok
+
+
+def test_a_call_past_the_trajectorys_limits_is_a_400_with_the_limit_as_its_code(served):
+    endpoint, tid, _, _ = served
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+    codes = [post(endpoint, tid, "chat/completions", body).status_code for _ in range(5)]
+    assert codes == [200, 200, 200, 200, 400]
+    assert post(endpoint, tid, "chat/completions", body).json()["error"]["code"] == "max_turns"
+
+
+def test_raw_completions_extend_by_tokens_and_a_new_prompt_starts_a_segment(served, tokenizer):
+    endpoint, tid, trajectory, backend = served
+    first = post(endpoint, tid, "completions", {"model": "m", "prompt": "6 times 7 is"}).json()
+    assert first["object"] == "text_completion" and first["choices"][0]["text"] == CALL
+    extended = backend.batches[-1][0] + backend.outputs[tuple(backend.batches[-1][0])] + [13]
+    post(endpoint, tid, "completions", {"model": "m", "prompt": extended})
+    post(endpoint, tid, "completions", {"model": "m", "prompt": ["something else"]})
+    assert [t.segment for t in trajectory.turns] == [0, 0, 1] and trajectory.turns[1].prompt_delta_ids == [13]
+    models = requests.get(f"{endpoint.base_url(tid)}/models", headers={"Authorization": f"Bearer {endpoint.token}"})
+    assert [m["id"] for m in models.json()["data"]] == ["forge_nb-policy"]
+
+
+def test_stop_closes_the_port(tokenizer):
+    endpoint = Endpoint().start()
+    endpoint.stop()
+    with socket.socket() as probe:
+        assert probe.connect_ex(("127.0.0.1", endpoint.port)) != 0
