@@ -23,6 +23,9 @@ its forward/backward (same loss and update; TRL does not), so the table also has
 untrained weights as TRL's steps, so with about as many model calls per trajectory).
 
     python benchmarks/agents.py [--minutes 5] [--prompts 4] [--group 4] [--max-tokens 24] [--trl-steps 3]
+
+Then the endpoint row (`agent_endpoint`): the same agent's trajectories/s through the OpenAI-compatible HTTP
+endpoint vs the in-process client (`--endpoint-only` runs just that table).
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ import statistics
 import time
 
 import torch
+from agent_endpoint import endpoint_table
 from trl_baseline import NOSKIP_LOSS, grpo_config, median_step_s, step_clock
 
 import forge_nb
@@ -255,7 +259,12 @@ def main() -> None:
     parser.add_argument("--noskip-steps", type=int, default=3)
     parser.add_argument("--trl-steps", type=int, default=3, help="timed TRL steps (after one warm-up step)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--rounds", type=int, default=5, help="timed rounds per side of the endpoint table")
+    parser.add_argument("--endpoint-only", action="store_true", help="only the endpoint vs in-process table")
     args = parser.parse_args()
+    if args.endpoint_only:
+        endpoint_table(args, MODEL)
+        return
     train, heldout = data(args)
     ours = forge_nb_run(args, train, heldout)
     torch.set_num_threads(args.threads)
@@ -291,6 +300,7 @@ def main() -> None:
         f"trainer (zero advantage): {ours['skipped_share']:.0%}; TRL: {trl['tool_calls']:.2f} tool calls per "
         f"trajectory, mean reward {trl['reward']:.3f} (its steps, from the untrained model)"
     )
+    endpoint_table(args, MODEL)
 
 
 if __name__ == "__main__":

@@ -34,6 +34,7 @@ SUBCOMMANDS = (
     "versions",
     "eval",
     "export",
+    "endpoint",
     "down",
 )
 
@@ -43,7 +44,7 @@ class ForgeMagics(Magics):
     @line_cell_magic
     def forge(self, line: str, cell: str | None = None):
         """%forge up [--slurm|--hosts H1,..]|status|step N|run [N]|pause|resume|stop|sync|samples N [--step S]|
-        [--prompt ID]|dashboard|explore|watch NAME=THRESHOLD ...|save PATH|versions|eval|export PATH|down
+        [--prompt ID]|dashboard|explore|watch NAME=THRESHOLD ...|save PATH|versions|eval|export PATH|endpoint|down
         %%forge reward [--name NAME] [--weight W] | %%forge loss | %%forge rollout [--tools a,b] | %%forge env
         (the cell defines the function -- or the environment class; it is
         validated and made live; --name adds or replaces one of several weighted rewards)"""
@@ -122,6 +123,11 @@ class ForgeMagics(Magics):
 
     def _status(self, rest: str):
         return _session().status()
+
+    def _endpoint(self, rest: str) -> dict:
+        """The session's OpenAI-compatible endpoint for agents in other processes (`s.trajectory(row)`)."""
+        endpoint = _session().endpoint()
+        return {"url": endpoint.url, "api_key": endpoint.api_key, "trajectory": "with s.trajectory(row) as t: ..."}
 
     @magic_arguments()
     @argument("n", nargs="?", type=int, default=1, help="steps")
