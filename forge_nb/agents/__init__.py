@@ -1,7 +1,9 @@
 """Multi-turn agent rollouts: tools, an OpenAI-style client over forge_nb's generator, trajectories
-with exact token ids and loss masks, and a runner for agent loops and environments.
+with exact token ids and loss masks (in segments when a call does not extend the conversation), a runner
+for agent loops and environments, and an OpenAI-compatible HTTP endpoint with one URL per trajectory
+(`endpoint`, `http_api`, `responses_api`; a rollout's client is then a real `openai.AsyncOpenAI`).
 
-Pure Python + torch + transformers + `openai` types (no Monarch): testable without a mesh.
+Pure Python + torch + transformers + `openai` types + starlette/uvicorn (no Monarch): testable without a mesh.
 
     from forge_nb.agents import run_rollouts, engine_backend, Limits
     from forge_nb.agents.tasks import calculator, calculator_problems, calculator_rollout

@@ -3,6 +3,7 @@
     POST /t/<trajectory id>/v1/chat/completions   messages, tools, tool_choice, temperature, top_p,
                                                   max_tokens / max_completion_tokens, stop
     POST /t/<trajectory id>/v1/completions        prompt (text or token ids)
+    POST /t/<trajectory id>/v1/responses          the Responses API over the chat path (`agents.responses_api`)
     GET  /t/<trajectory id>/v1/models, /v1/models the policy, as one model
 
 Requests are validated against the `openai` package's own parameter types
@@ -25,11 +26,13 @@ import pydantic
 from openai.types import Model
 from openai.types import completion_create_params as completion_params
 from openai.types.chat import completion_create_params as chat_params
+from openai.types.responses import response_create_params as response_params
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
+from forge_nb.agents import responses_api
 from forge_nb.agents.client import ConversationError, RolloutLimit
 
 Endpoint = Any  # `agents.endpoint.Endpoint` (not imported: it imports this module to serve)
@@ -37,6 +40,7 @@ Endpoint = Any  # `agents.endpoint.Endpoint` (not imported: it imports this modu
 MODEL = "forge_nb-policy"
 CHAT = pydantic.TypeAdapter(chat_params.CompletionCreateParamsNonStreaming)
 COMPLETION = pydantic.TypeAdapter(completion_params.CompletionCreateParamsNonStreaming)
+RESPONSE = pydantic.TypeAdapter(response_params.ResponseCreateParamsNonStreaming)
 Handler = Callable[[Request], Awaitable[JSONResponse]]
 
 
@@ -63,6 +67,8 @@ def make_app(endpoint: Endpoint) -> Starlette:
                 return await handler(request, endpoint)
             except ApiError as e:
                 return e.response()
+            except Exception as e:  # noqa: BLE001 - a bug here answers in OpenAI's shape, the server goes on
+                return ApiError(500, f"forge_nb endpoint: {type(e).__name__}: {e}", "server_error").response()
 
         return serve
 
@@ -70,6 +76,7 @@ def make_app(endpoint: Endpoint) -> Starlette:
         routes=[
             Route("/t/{tid}/v1/chat/completions", guarded(chat_completions), methods=["POST"]),
             Route("/t/{tid}/v1/completions", guarded(completions), methods=["POST"]),
+            Route("/t/{tid}/v1/responses", guarded(responses), methods=["POST"]),
             Route("/t/{tid}/v1/models", guarded(models), methods=["GET"]),
             Route("/v1/models", guarded(models), methods=["GET"]),
         ]
@@ -111,6 +118,17 @@ async def completions(request: Request, endpoint: Endpoint) -> JSONResponse:
     return await _answer(endpoint, opened, call)
 
 
+async def responses(request: Request, endpoint: Endpoint) -> JSONResponse:
+    params = await _params(request, RESPONSE)
+    try:
+        arguments = responses_api.chat_arguments(params)
+    except responses_api.Unsupported as e:
+        raise ApiError(400, str(e)) from None
+    opened = _opened(request, endpoint)
+    chat = await _run(endpoint, opened, opened.client.create(**arguments))
+    return JSONResponse(responses_api.response_of(chat, params).model_dump(mode="json", exclude_none=True))
+
+
 async def models(request: Request, endpoint: Endpoint) -> JSONResponse:
     if "tid" in request.path_params:
         _opened(request, endpoint)
@@ -120,13 +138,17 @@ async def models(request: Request, endpoint: Endpoint) -> JSONResponse:
 
 async def _answer(endpoint: Endpoint, opened, call) -> JSONResponse:
     """Run the call on its trajectory's loop -> the response as JSON, or an OpenAI-shaped error."""
+    result = await _run(endpoint, opened, call)
+    return JSONResponse(result.model_dump(mode="json", exclude_none=True))
+
+
+async def _run(endpoint: Endpoint, opened, call) -> Any:
     try:
-        result = await endpoint.run(opened, call)
+        return await endpoint.run(opened, call)
     except RolloutLimit as e:
         raise ApiError(400, f"this trajectory reached its limit: {e}", code=e.reason) from None
     except (ConversationError, ValueError, TypeError) as e:
         raise ApiError(400, f"{type(e).__name__}: {e}") from None
-    return JSONResponse(result.model_dump(mode="json", exclude_none=True))
 
 
 def _authorize(request: Request, token: str) -> None:

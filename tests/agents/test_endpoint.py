@@ -118,3 +118,32 @@ def test_stop_closes_the_port(tokenizer):
     endpoint.stop()
     with socket.socket() as probe:
         assert probe.connect_ex(("127.0.0.1", endpoint.port)) != 0
+
+
+def test_the_agents_sdk_on_the_responses_api_runs_a_tool_loop_in_one_segment(served):
+    """The SDK's default model kind (`OpenAIResponsesModel`): instructions, function_call and
+    function_call_output items map to the chat conversation, which extends turn by turn."""
+    from agents import Agent, OpenAIResponsesModel, Runner, function_tool, set_tracing_disabled
+
+    set_tracing_disabled(True)
+    endpoint, tid, trajectory, _ = served
+    tool = function_tool(multiply)
+    model = OpenAIResponsesModel(model="forge_nb-policy", openai_client=endpoint.client(tid))
+    agent = Agent(name="calc", instructions="Use the tool.", tools=[tool], model=model)
+    result = asyncio.run(Runner.run(agent, "What is 6 times 7?", max_turns=3))
+    assert result.final_output == "42"
+    assert [t.segment for t in trajectory.turns] == [0, 0] and trajectory.tool_calls == 0  # the SDK ran the tool
+
+
+@pytest.mark.parametrize(
+    ("body", "says"),
+    [
+        ({"model": "m", "input": "hi", "previous_response_id": "resp_1"}, "previous_response_id"),
+        ({"model": "m", "input": "hi", "tools": [{"type": "web_search"}]}, "'web_search' are not served"),
+    ],
+    ids=["previous-response", "hosted-tool"],
+)
+def test_what_the_responses_route_cannot_serve_is_a_400_saying_what(served, body, says):
+    endpoint, tid, trajectory, _ = served
+    response = post(endpoint, tid, "responses", body)
+    assert response.status_code == 400 and says in response.json()["error"]["message"] and trajectory.turns == []

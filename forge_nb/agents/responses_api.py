@@ -1,0 +1,138 @@
+"""The Responses API (``POST /t/<id>/v1/responses``) over the chat path: a request's `instructions` and `input`
+items become chat messages, its function tools chat tool schemas; the chat completion becomes a `Response`.
+
+What maps (non-streaming, stateless): `instructions` -> a system message; message items (text or text parts, any
+role) -> messages; `function_call` items -> the assistant's tool calls (consecutive ones, with the assistant text
+before them, are one assistant message); `function_call_output` items -> tool messages; `reasoning` items are
+left out (the template renders no reasoning of earlier turns). Function tools -> chat tools. `tool_choice`,
+`temperature`, `top_p`, `max_output_tokens` as in chat. Refused (400, saying which): `previous_response_id` and
+`conversation` (the server keeps no responses: send the whole input, as the Agents SDK does), other item types
+(computer, file search, shell, MCP, ...) and tool types. The output is a `message` item with the reply's text
+and one `function_call` item per tool call, as OpenAI's.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from openai.types.chat import ChatCompletion
+from openai.types.responses import Response, ResponseFunctionToolCall, ResponseOutputMessage, ResponseOutputText
+from openai.types.responses.response_usage import InputTokensDetails, OutputTokensDetails, ResponseUsage
+
+
+class Unsupported(ValueError):
+    """A Responses request this endpoint cannot serve (the message says which part)."""
+
+
+def chat_arguments(params: dict) -> dict:
+    """A validated `ResponseCreateParamsNonStreaming` -> keyword arguments of `AgentClient.create`."""
+    for key in ("previous_response_id", "conversation"):
+        if params.get(key):
+            raise Unsupported(f"{key} is not served: the endpoint keeps no responses; send the whole input")
+    messages = [{"role": "system", "content": params["instructions"]}] if params.get("instructions") else []
+    items = params["input"]
+    messages += [{"role": "user", "content": items}] if isinstance(items, str) else _messages(items)
+    return {
+        "messages": messages,
+        "tools": [_tool(t) for t in params.get("tools") or []] or None,
+        "tool_choice": params.get("tool_choice"),  # "none": no calls parsed; others parse calls as "auto" does
+        "temperature": params.get("temperature"),
+        "top_p": params.get("top_p"),
+        "max_tokens": params.get("max_output_tokens"),
+    }
+
+
+def response_of(chat: ChatCompletion, params: dict) -> Response:
+    """The chat completion of a Responses request as a `Response` (status "incomplete" when cut at the length)."""
+    choice = chat.choices[0]
+    output: list[Any] = []
+    if choice.message.content:
+        text = ResponseOutputText(type="output_text", text=choice.message.content, annotations=[])
+        output.append(
+            ResponseOutputMessage(
+                id=f"msg_{chat.id}", type="message", role="assistant", status="completed", content=[text]
+            )
+        )
+    for call in choice.message.tool_calls or []:
+        output.append(
+            ResponseFunctionToolCall(
+                type="function_call",
+                id=f"fc_{call.id}",
+                call_id=call.id,
+                name=call.function.name,
+                arguments=call.function.arguments,
+                status="completed",
+            )
+        )
+    usage = chat.usage
+    incomplete = choice.finish_reason == "length"
+    return Response(
+        id=f"resp_{chat.id}",
+        object="response",
+        created_at=float(int(time.time())),
+        model=chat.model,
+        output=output,
+        status="incomplete" if incomplete else "completed",
+        incomplete_details={"reason": "max_output_tokens"} if incomplete else None,
+        parallel_tool_calls=bool(params.get("parallel_tool_calls", True)),
+        tool_choice=params.get("tool_choice") or "auto",
+        tools=params.get("tools") or [],
+        instructions=params.get("instructions"),
+        temperature=params.get("temperature"),
+        top_p=params.get("top_p"),
+        max_output_tokens=params.get("max_output_tokens"),
+        usage=ResponseUsage(
+            input_tokens=usage.prompt_tokens,
+            output_tokens=usage.completion_tokens,
+            total_tokens=usage.total_tokens,
+            input_tokens_details=InputTokensDetails(cached_tokens=0, cache_write_tokens=0),
+            output_tokens_details=OutputTokensDetails(reasoning_tokens=0),
+        ),
+    )
+
+
+def _messages(items: list[dict]) -> list[dict]:
+    messages: list[dict] = []
+    for i, item in enumerate(items):
+        kind = item.get("type", "message")
+        if kind == "message":
+            messages.append({"role": item["role"], "content": _text(item.get("content"))})
+        elif kind == "function_call":
+            call = {
+                "id": item["call_id"],
+                "type": "function",
+                "function": {"name": item["name"], "arguments": item["arguments"]},
+            }
+            if messages and messages[-1]["role"] == "assistant":
+                messages[-1].setdefault("tool_calls", []).append(call)
+            else:
+                messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
+        elif kind == "function_call_output":
+            output = item["output"]
+            content = output if isinstance(output, str) else _text(output)
+            messages.append({"role": "tool", "tool_call_id": item["call_id"], "content": content})
+        elif kind != "reasoning":
+            raise Unsupported(f"input.{i}: items of type {kind!r} are not served (messages and function calls are)")
+    return messages
+
+
+def _text(content: Any) -> str:
+    """Message content: a string, or parts whose text is joined (input_text / output_text / text)."""
+    if content is None or isinstance(content, str):
+        return content or ""
+    parts = []
+    for part in content:
+        if "text" not in part:
+            raise Unsupported(f"content parts of type {part.get('type')!r} are not served (text parts are)")
+        parts.append(part["text"])
+    return "".join(parts)
+
+
+def _tool(tool: dict) -> dict:
+    if tool.get("type") != "function":
+        raise Unsupported(f"tools of type {tool.get('type')!r} are not served (function tools are)")
+    function = {"name": tool["name"], "parameters": tool.get("parameters") or {"type": "object", "properties": {}}}
+    if tool.get("description"):
+        function["description"] = tool["description"]
+    return {"type": "function", "function": function}
