@@ -53,11 +53,15 @@ class ExternalAgents:
     """The session's endpoint and the trajectories outside agents closed, waiting for a batch.
 
     `generate(prompt_ids, sampling) -> one group of completions per prompt` is the generator
-    (`Roles.generate` on token ids); `sampling` gives every call's defaults, `limits` each trajectory's."""
+    (`Roles.generate` on token ids); `sampling` gives every call's defaults, `limits` each trajectory's; the
+    endpoint listens on `host` (127.0.0.1: this machine only; an address of the mesh's network for agents on
+    other hosts: every request still needs the token)."""
 
-    def __init__(self, tokenizer, generate: Generate, sampling: SamplingParams, limits: Limits) -> None:
+    def __init__(
+        self, tokenizer, generate: Generate, sampling: SamplingParams, limits: Limits, host: str = "127.0.0.1"
+    ) -> None:
         self.tokenizer, self.sampling, self.limits = tokenizer, sampling, limits
-        self.endpoint = Endpoint().start()
+        self.endpoint = Endpoint(host).start()
         self.versions: list[int] = []  # the policy version of every batch generated, in order
         self.batcher = GenerationBatcher(self._backend(generate))
         self.pending: list[Trajectory] = []

@@ -84,8 +84,8 @@ def make_app(endpoint: Endpoint) -> Starlette:
 
 
 async def chat_completions(request: Request, endpoint: Endpoint) -> JSONResponse:
-    params = await _params(request, CHAT)
     opened = _opened(request, endpoint)
+    params = await _params(request, CHAT, opened)
     call = opened.client.create(
         messages=params["messages"],
         tools=params.get("tools"),
@@ -100,13 +100,14 @@ async def chat_completions(request: Request, endpoint: Endpoint) -> JSONResponse
 
 
 async def completions(request: Request, endpoint: Endpoint) -> JSONResponse:
-    params = await _params(request, COMPLETION)
+    opened = _opened(request, endpoint)
+    params = await _params(request, COMPLETION, opened)
     prompt = params["prompt"]
     if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int):
         if len(prompt) != 1:
+            opened.client.trajectory.request_errors += 1
             raise ApiError(400, "one prompt per call: a trajectory records one completion at a time")
         prompt = prompt[0]
-    opened = _opened(request, endpoint)
     call = opened.client.complete(
         prompt,
         temperature=params.get("temperature"),
@@ -119,12 +120,13 @@ async def completions(request: Request, endpoint: Endpoint) -> JSONResponse:
 
 
 async def responses(request: Request, endpoint: Endpoint) -> JSONResponse:
-    params = await _params(request, RESPONSE)
+    opened = _opened(request, endpoint)
+    params = await _params(request, RESPONSE, opened)
     try:
         arguments = responses_api.chat_arguments(params)
     except responses_api.Unsupported as e:
+        opened.client.trajectory.request_errors += 1
         raise ApiError(400, str(e)) from None
-    opened = _opened(request, endpoint)
     chat = await _run(endpoint, opened, opened.client.create(**arguments))
     return JSONResponse(responses_api.response_of(chat, params).model_dump(mode="json", exclude_none=True))
 
@@ -148,6 +150,7 @@ async def _run(endpoint: Endpoint, opened, call) -> Any:
     except RolloutLimit as e:
         raise ApiError(400, f"this trajectory reached its limit: {e}", code=e.reason) from None
     except (ConversationError, ValueError, TypeError) as e:
+        opened.client.trajectory.request_errors += 1
         raise ApiError(400, f"{type(e).__name__}: {e}") from None
 
 
@@ -165,8 +168,17 @@ def _opened(request: Request, endpoint: Endpoint):
         raise ApiError(404, str(e), code="trajectory_not_found") from None
 
 
-async def _params(request: Request, adapter: pydantic.TypeAdapter) -> dict:
-    """The JSON body validated against an `openai` params type (lazy iterables read out) -> a dict."""
+async def _params(request: Request, adapter: pydantic.TypeAdapter, opened) -> dict:
+    """The JSON body validated against an `openai` params type (lazy iterables read out) -> a dict. A body
+    that is not counts as a request error of the trajectory."""
+    try:
+        return await _validated(request, adapter)
+    except ApiError:
+        opened.client.trajectory.request_errors += 1
+        raise
+
+
+async def _validated(request: Request, adapter: pydantic.TypeAdapter) -> dict:
     try:
         body = json.loads(await request.body())
     except ValueError as e:

@@ -15,16 +15,17 @@ from forge_nb.engines.base import Completion, SamplingParams
 class ExternalAgentsMixin:
     """`Session.endpoint` and `Session.trajectory`; the endpoint stops with the session (`_stop_endpoint`)."""
 
-    def endpoint(self) -> ExternalAgents:
-        """The session's OpenAI-compatible endpoint on 127.0.0.1 (started on first use, stopped by `down`):
-        `.url` and `.api_key` (the per-session token every request must carry), `.trajectory(row)`."""
+    def endpoint(self, host: str = "127.0.0.1") -> ExternalAgents:
+        """The session's OpenAI-compatible endpoint (started on first use on `host`, stopped by `down`): `.url`
+        and `.api_key` (the per-session token every request must carry), `.trajectory(row)`."""
         state = self.state  # type: ignore[attr-defined]
         self._require_up()  # type: ignore[attr-defined]
         if state.external is None:
             config = self.config  # type: ignore[attr-defined]
             limits = Limits(config.agent.max_turns, config.agent.max_total_tokens, config.engine.max_tokens)
             sampling = replace(state.sampling(1), seed=None)
-            state.external = ExternalAgents(self.tokenizer, self._generate_ids, sampling, limits)  # type: ignore[attr-defined]
+            tokenizer = self.tokenizer  # type: ignore[attr-defined]
+            state.external = ExternalAgents(tokenizer, self._generate_ids, sampling, limits, host)
         return state.external
 
     @contextmanager

@@ -32,7 +32,9 @@ from forge_nb.agents.tool_calls import render
 
 FINISH_REASONS = ("stop", "max_turns", "max_tokens", "error")
 #: The columns of `Trajectory.summary` (besides "trained_tokens").
-SUMMARY = "group sample finish_reason error num_turns num_tokens reward total_reward tool_calls tool_errors".split()
+SUMMARY = (
+    "group sample finish_reason error num_turns num_tokens reward total_reward tool_calls tool_errors request_errors"
+).split()
 
 
 class TemplateRewriteError(ValueError):
@@ -78,6 +80,7 @@ class Trajectory:
     error: str | None = None
     info: dict[str, Any] = field(default_factory=dict)
     messages: list[dict] = field(default_factory=list)
+    request_errors: int = 0  # requests to its endpoint URL refused as malformed (400): the agent's format errors
 
     def segments(self) -> list[Trajectory]:
         """One trajectory per segment (same row, group, sample, reward, info; that segment's turns), in

@@ -89,7 +89,7 @@ def test_a_malformed_request_gets_openais_400_error_shape_and_records_nothing(se
     response = post(endpoint, tid, "chat/completions", body)
     error = response.json()["error"]
     assert response.status_code == 400 and set(error) == {"message", "type", "param", "code"}
-    assert says in error["message"] and trajectory.turns == []
+    assert says in error["message"] and trajectory.turns == [] and trajectory.request_errors == 1
     assert post(endpoint, tid, "chat/completions", {"model": "m", "messages": [{"role": "user", "content": "hi"}]}).ok
 
 

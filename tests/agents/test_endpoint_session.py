@@ -17,6 +17,7 @@ import requests
 import forge_nb
 from forge_nb.agents.tasks.calculator import calculator_problems
 from forge_nb.mesh.calls import wait
+from forge_nb.notebook.magics import ForgeMagics
 from tests.agents.frameworks.sdk_agent import sdk_rollout
 from tests.agents.frameworks.smol_agent import smol_rollout
 from tests.conftest import wait_no_children
@@ -108,6 +109,7 @@ def test_calls_that_do_not_extend_the_conversation_train_as_segments(s, rollout)
 def test_an_agent_in_another_process_contributes_trajectories(s):
     endpoint = s.endpoint()
     PORTS.append(urlparse(endpoint.url).port)
+    assert ForgeMagics(None)._endpoint("")["url"] == endpoint.url  # %forge endpoint
     row = {"prompt": [{"role": "user", "content": "What is 6 times 7?"}], "answer": "42"}
     for reward in (0.0, 1.0):
         with s.trajectory(row) as t:

@@ -75,5 +75,6 @@ def test_summary_is_a_flat_row_for_tables():
         "total_reward": 1.0,
         "tool_calls": 1,
         "tool_errors": 0,
+        "request_errors": 0,
         "trained_tokens": 1,
     }
