@@ -135,7 +135,8 @@ async def _drive(
             _take_return(trajectory, await rollout(client, row, **context))
         else:
             await drive_environment(client, env(), row)
-        trajectory.finish_reason = "max_tokens" if conversation.budget_exhausted else "stop"
+        # A limit the rollout caught (a framework may turn the endpoint's 400 into its own error) still ended it.
+        trajectory.finish_reason = conversation.limit or ("max_tokens" if conversation.budget_exhausted else "stop")
     except RolloutLimit as limit:
         trajectory.finish_reason = limit.reason
     except Exception as e:  # noqa: BLE001 - one failing rollout must not end the others

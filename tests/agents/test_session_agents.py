@@ -103,6 +103,8 @@ def test_an_async_run_trains_trajectories_within_the_staleness_bound(s):
 
 
 def test_environments_run_ours_and_textarenas_unchanged(s):
+    if s.config.engine_name() == "vllm":
+        pytest.skip("the env procs drive an environment the same for both engines: checked on the torch engine")
     s.set_env(GuessTheNumber)
     r = s.rollout()
     assert all(1 <= len(e.turns) <= 3 for e in r.episodes)
@@ -115,6 +117,8 @@ def test_environments_run_ours_and_textarenas_unchanged(s):
 
 
 def test_a_bad_rollout_is_refused_and_the_live_one_stays(s):
+    if s.config.engine_name() == "vllm":
+        pytest.skip("a candidate is checked in the env procs the same for both engines: checked on the torch engine")
     live = s.set_rollout(two_turns, tools=[calculator])
 
     async def broken(client, row, **context):

@@ -25,6 +25,6 @@ async def smol_rollout(client, row, **context) -> float:
     model = OpenAIServerModel(
         model_id="forge_nb-policy", api_base=str(client.base_url), api_key=client.api_key, max_tokens=24
     )
-    agent = ToolCallingAgent(tools=[add], model=model, max_steps=2, verbosity_level=0)
+    agent = ToolCallingAgent(tools=[add], model=model, max_steps=1, verbosity_level=-1)
     answer = await asyncio.to_thread(agent.run, row["prompt"][-1]["content"])
     return answer_reward(str(answer), row["answer"])
