@@ -20,6 +20,7 @@ import atexit
 import os
 import re
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 
@@ -32,6 +33,11 @@ os.environ.setdefault("FORGE_NB_ENGINE", "torch")
 # Alone, passive waits cost a single process latency (benchmarks/overhead.py: 36 -> 63 ms a step), so outside
 # the suite a local mesh's procs only spin briefly (mesh/local.py). Read when torch loads (every proc, kernel).
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# The suite's Python environment is active, as a user's shell would have it (`source .venv/bin/activate`):
+# an exported run.sbatch runs the `python3` of the job's PATH, which sbatch takes from the submitting process.
+_bin = os.path.dirname(os.path.abspath(sys.executable))
+if _bin not in os.environ.get("PATH", "").split(os.pathsep):
+    os.environ["PATH"] = _bin + os.pathsep + os.environ.get("PATH", "")
 if "FORGE_NB_RUNS" not in os.environ:
     os.environ["FORGE_NB_RUNS"] = _runs = tempfile.mkdtemp(prefix="forge_nb-runs-")
     atexit.register(shutil.rmtree, _runs, ignore_errors=True)

@@ -12,7 +12,10 @@
 - ``run.py``: `forge_nb/recipes/run.py`, copied verbatim: ``python run.py [--steps N]`` starts the
   session, makes that reward and loss live, steps, writes ``metrics.csv`` and ``result.json`` (the
   config it ran, live-code versions, final numbers).
-- ``run.sbatch``: the Slurm options of ``config.slurm`` around ``python run.py``. A job of several
+- ``run.sbatch``: the Slurm options of ``config.slurm`` around ``python3 run.py``, with the job's own Python:
+  ``$FORGE_NB_PYTHON`` if set, else ``python3`` on the job's PATH (sbatch gives the job the submitting
+  shell's environment, Slurm's ``--export=ALL`` default: activate the environment that has forge_nb --
+  a venv, conda, a module -- before ``sbatch run.sbatch``), never this machine's interpreter. A job of several
   nodes (``slurm.nodes``) starts a forge_nb worker on each (``srun``) and runs ``run.py --hosts`` with
   them: the session's shape (``mesh.trainer_hosts``, ``mesh.generator_hosts``) over the job's nodes.
 """
@@ -22,7 +25,6 @@ from __future__ import annotations
 import json
 import shlex
 import shutil
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -34,6 +36,12 @@ from forge_nb.live.registry import Member
 from forge_nb.mesh.placement import slurm_nodes
 
 RUN_SCRIPT = Path(__file__).parent / "recipes" / "run.py"
+PYTHON_LINES = [
+    "# The job's Python: $FORGE_NB_PYTHON, else python3 on the job's PATH. sbatch hands the job the environment",
+    "# it was run from: activate the one with forge_nb (venv, conda, module) before `sbatch run.sbatch`.",
+    'PYTHON="${FORGE_NB_PYTHON:-python3}"',
+    'export PYTHON',
+]
 
 
 def export_bundle(
@@ -117,8 +125,8 @@ def sbatch_script(config: Config, out: Path) -> str:
     }
     lines += [f"#SBATCH {flag}={value}" for flag, value in options.items() if value]
     lines += [f"#SBATCH {arg}" for arg in s.sbatch_args]
-    python, run = shlex.quote(sys.executable), shlex.quote(str(out / "run.py"))
-    lines += ["", "set -euo pipefail"]
+    python, run = '"$PYTHON"', shlex.quote(str(out / "run.py"))
+    lines += ["", "set -euo pipefail", *PYTHON_LINES]
     lines += _multi_node(python, run) if nodes > 1 else [f"exec {python} {run}"]
     return "\n".join([*lines, ""])
 
@@ -126,7 +134,7 @@ def sbatch_script(config: Config, out: Path) -> str:
 def _multi_node(python: str, run: str) -> list[str]:
     """A forge_nb worker on every node of the job (one srun step, at the node's name and a port derived
     from the job id), then run.py on the first node with all of them as its hosts."""
-    worker = f"exec {python} -m forge_nb.mesh.worker tcp://$(hostname):$PORT"
+    worker = "exec \"$PYTHON\" -m forge_nb.mesh.worker tcp://$(hostname):$PORT"  # on each node, its PYTHON
     return [
         "export PORT=$((20000 + SLURM_JOB_ID % 20000))",
         f"srun --ntasks-per-node=1 sh -c {shlex.quote(worker)} &",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 import time
 
 import pytest
@@ -49,6 +50,8 @@ def test_sbatch_file_carries_the_slurm_options(tmp_path):
     ):
         assert line in text
     assert text.rstrip().endswith(f"{tmp_path / 'run.py'}")
+    # the job's own Python (its environment's, or $FORGE_NB_PYTHON), not this machine's interpreter
+    assert 'PYTHON="${FORGE_NB_PYTHON:-python3}"' in text and sys.executable not in text
 
 
 def test_export_of_a_config_pins_the_engine_and_runs_locally(tmp_path):

@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
+import sys
 import time
 from pathlib import Path
 
@@ -95,11 +97,20 @@ def _widget(output: nbformat.NotebookNode) -> str | None:
     return output.get("data", {}).get(WIDGET_VIEW, {}).get("model_id")
 
 
+def activate() -> None:
+    """Put this Python's environment first on PATH, as `source .venv/bin/activate` would: the kernels run
+    with it, so a tutorial's shell commands (`sbatch` of an exported run, whose job runs `python3`) find it."""
+    here = os.path.dirname(os.path.abspath(sys.executable))
+    if here not in os.environ.get("PATH", "").split(os.pathsep):
+        os.environ["PATH"] = here + os.pathsep + os.environ.get("PATH", "")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("notebooks", nargs="+", type=Path)
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds one cell may take (default 900)")
     args = parser.parse_args()
+    activate()
     for path in args.notebooks:
         seconds = execute(path, args.timeout)
         print(f"{path}: {seconds:.0f} s", flush=True)
