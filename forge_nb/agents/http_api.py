@@ -90,11 +90,8 @@ async def chat_completions(request: Request, endpoint: Endpoint) -> JSONResponse
         messages=params["messages"],
         tools=params.get("tools"),
         tool_choice=params.get("tool_choice"),
-        temperature=params.get("temperature"),
-        top_p=params.get("top_p"),
         max_tokens=params.get("max_tokens") or params.get("max_completion_tokens"),
-        stop=params.get("stop"),
-        n=params.get("n") or 1,
+        **_sampling(params),
     )
     return await _answer(endpoint, opened, call)
 
@@ -108,14 +105,7 @@ async def completions(request: Request, endpoint: Endpoint) -> JSONResponse:
             opened.client.trajectory.request_errors += 1
             raise ApiError(400, "one prompt per call: a trajectory records one completion at a time")
         prompt = prompt[0]
-    call = opened.client.complete(
-        prompt,
-        temperature=params.get("temperature"),
-        top_p=params.get("top_p"),
-        max_tokens=params.get("max_tokens"),
-        stop=params.get("stop"),
-        n=params.get("n") or 1,
-    )
+    call = opened.client.complete(prompt, max_tokens=params.get("max_tokens"), **_sampling(params))
     return await _answer(endpoint, opened, call)
 
 
@@ -152,6 +142,16 @@ async def _run(endpoint: Endpoint, opened, call) -> Any:
     except (ConversationError, ValueError, TypeError) as e:
         opened.client.trajectory.request_errors += 1
         raise ApiError(400, f"{type(e).__name__}: {e}") from None
+
+
+def _sampling(params: dict) -> dict:
+    """The sampling parameters chat and raw completions share."""
+    return {
+        "temperature": params.get("temperature"),
+        "top_p": params.get("top_p"),
+        "stop": params.get("stop"),
+        "n": params.get("n") or 1,
+    }
 
 
 def _authorize(request: Request, token: str) -> None:

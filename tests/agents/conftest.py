@@ -56,3 +56,13 @@ class ScriptedBackend:
             shown = self.tokenizer.decode(tokens, skip_special_tokens=True)
             out.append(Completion(list(ids), tokens, [SCRIPTED_LOGPROB] * len(tokens), shown, reason))
         return out
+
+
+def multiply(a: int, b: int) -> int:
+    """Multiply two integers.
+
+    Args:
+        a: The first factor.
+        b: The second factor.
+    """
+    return a * b

@@ -12,19 +12,9 @@ from forge_nb.agents.batching import GenerationBatcher
 from forge_nb.agents.client import AgentClient, Limits
 from forge_nb.agents.endpoint import Endpoint
 from forge_nb.agents.trajectory import Trajectory
-from tests.agents.conftest import ScriptedBackend
+from tests.agents.conftest import ScriptedBackend, multiply
 
 CALL = '<tool_call>\n{"name": "multiply", "arguments": {"a": 6, "b": 7}}\n</tool_call>'
-
-
-def multiply(a: int, b: int) -> int:
-    """Multiply two integers.
-
-    Args:
-        a: The first factor.
-        b: The second factor.
-    """
-    return a * b
 
 
 @pytest.fixture
