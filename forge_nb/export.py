@@ -134,7 +134,7 @@ def sbatch_script(config: Config, out: Path) -> str:
 def _multi_node(python: str, run: str) -> list[str]:
     """A forge_nb worker on every node of the job (one srun step, at the node's name and a port derived
     from the job id), then run.py on the first node with all of them as its hosts."""
-    worker = 'exec "$PYTHON" -m forge_nb.mesh.worker tcp://$(hostname):$PORT'  # on each node, its PYTHON
+    worker = f"exec {python} -m forge_nb.mesh.worker tcp://$(hostname):$PORT"  # PYTHON: exported, srun passes it
     return [
         "export PORT=$((20000 + SLURM_JOB_ID % 20000))",
         f"srun --ntasks-per-node=1 sh -c {shlex.quote(worker)} &",
