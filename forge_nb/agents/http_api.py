@@ -18,6 +18,7 @@ are refused (400): the trajectory records one whole completion per call.
 from __future__ import annotations
 
 import json
+import secrets
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
@@ -156,7 +157,7 @@ def _sampling(params: dict) -> dict:
 
 def _authorize(request: Request, token: str) -> None:
     header = request.headers.get("authorization", "")
-    if header != f"Bearer {token}":
+    if not secrets.compare_digest(header.encode(), f"Bearer {token}".encode()):  # in constant time
         what = "no API key" if not header else "a wrong API key"
         raise ApiError(401, f"forge_nb endpoint: {what}; pass the session's token as api_key", "authentication_error")
 
