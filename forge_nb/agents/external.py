@@ -80,17 +80,20 @@ class ExternalAgents:
     @contextmanager
     def trajectory(self, row: dict) -> Iterator[OpenTrajectory]:
         """Open one trajectory of `row` for an outside agent; on leaving the block it is closed (later calls
-        get 404) and waits for the next batch. An exception in the block records the trajectory as failed
-        ("error", not trained) and is raised again."""
+        get 404) and waits for the next batch. An exception in the block, or no model call at all, records the
+        trajectory as failed ("error": kept in its group, not trained); an exception is raised again."""
         if "prompt" not in row:
             raise ValueError("s.trajectory(row): the row needs a 'prompt' (text or chat messages)")
         trajectory = Trajectory(row=dict(row), sample=self._count())
-        tid = self.endpoint.open(AgentClient(self.batcher, self.tokenizer, trajectory, self.limits, self.sampling))
+        client = AgentClient(self.batcher, self.tokenizer, trajectory, self.limits, self.sampling)
+        tid = self.endpoint.open(client)
         opened = OpenTrajectory(tid, self.endpoint.base_url(tid), self.endpoint.token, trajectory)
         first, start = len(self.versions), time.perf_counter()
         try:
             yield opened
-            trajectory.finish_reason = "stop"
+            trajectory.finish_reason = client.limit or ("max_tokens" if client.budget_exhausted else "stop")
+            if not trajectory.turns:
+                trajectory.finish_reason, trajectory.error = "error", "the agent made no model call on its URL"
         except BaseException as e:
             trajectory.finish_reason, trajectory.error = "error", f"{type(e).__name__}: {e}"
             raise
