@@ -109,7 +109,7 @@ class AgentClient:
         ``tool_choice="none"``; "required" or a named function cannot constrain sampling: calls are
         parsed as with "auto")."""
         async with self._one_call(n, stream):
-            schemas = _schemas(tools)
+            schemas = tool_schemas(tools)
             messages = [as_message(m) for m in messages]
             prompt_ids, delta, why = self._prompt(messages, schemas)
             text, reason, generated, stop = await self._generate(
@@ -259,7 +259,7 @@ class AgentClient:
         )
 
 
-def _schemas(tools: ToolSet | Sequence[Callable | dict] | None) -> list[dict]:
+def tool_schemas(tools: ToolSet | Sequence[Callable | dict] | None) -> list[dict]:
     """Tool schemas from a ToolSet, functions, or OpenAI schema dicts."""
     if tools is None:
         return []

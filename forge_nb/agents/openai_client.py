@@ -17,7 +17,7 @@ from openai import AsyncOpenAI
 from openai.resources.chat import AsyncChat
 from openai.resources.chat.completions import AsyncCompletions
 
-from forge_nb.agents.tools import ToolSet, tool_schema
+from forge_nb.agents.client import tool_schemas
 from forge_nb.agents.trajectory import Trajectory
 
 MODEL = "forge_nb-policy"
@@ -28,7 +28,7 @@ TIMEOUT = httpx.Timeout(600.0, connect=10.0)
 class _Completions(AsyncCompletions):
     async def create(self, *, messages: Any, model: str = MODEL, tools: Any = None, **kwargs: Any) -> Any:
         if tools is not None:
-            kwargs["tools"] = _schemas(tools)
+            kwargs["tools"] = tool_schemas(tools)
         return await super().create(messages=messages, model=model, **kwargs)
 
 
@@ -50,10 +50,3 @@ class TrajectoryClient(AsyncOpenAI):
     @cached_property
     def chat(self) -> _Chat:  # type: ignore[override]
         return _Chat(self)
-
-
-def _schemas(tools: Any) -> Any:
-    """A `ToolSet` or functions -> their schemas; OpenAI tool dicts pass as they are."""
-    if isinstance(tools, ToolSet):
-        return list(tools.schemas)
-    return [t if isinstance(t, dict) else tool_schema(t) for t in tools]
