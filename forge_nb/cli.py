@@ -56,8 +56,12 @@ def demo(minutes: float, steps: int | None, every: int, config: Config) -> pd.Da
 def _heldout(session) -> str:
     """Held-out accuracy greedy (one answer per problem) and sampled (the trained policy itself, at
     engine.temperature, eval.samples_per_prompt per problem): the sampled one moves first."""
-    greedy, sampled = (session.evaluate(greedy=g)["heldout_accuracy"] for g in (True, False))
-    return f"greedy {greedy:.3f}, sampled {sampled:.3f}"
+    greedy, sampled = (session.evaluate(greedy=g) for g in (True, False))
+    return (
+        f"greedy {greedy['heldout_accuracy']:.3f} ± {greedy['heldout_se']:.3f}, sampled"
+        f" {sampled['heldout_accuracy']:.3f} ± {sampled['heldout_se']:.3f} (± one standard error over"
+        f" {greedy['eval_problems']} problems)"
+    )
 
 
 def _print_rows(chunk: pd.DataFrame, header: bool) -> None:

@@ -31,7 +31,8 @@ def evaluate(actors: Roles, state: RunState, max_tokens: int | None = None, gree
     each) or sampled (`eval.samples_per_prompt` each, at engine.temperature), per `config.eval`
     or `greedy` when given.
 
-    -> policy_version; heldout_accuracy (the task's verifier); eval_reward (the live weighted
+    -> policy_version; heldout_accuracy (the task's verifier) and heldout_se, its standard error over the
+    eval_problems prompts (each prompt's share correct is one observation); eval_reward (the live weighted
     reward) and eval_reward/<member> for each reward member; eval_failed (samples a reward failed
     on); truncated (share that hit max_tokens); eval_samples; eval_greedy (1.0 or 0.0); eval_s (generation
     seconds). With an agent rollout live, each held-out prompt runs as trajectories of it. The result is
@@ -57,9 +58,12 @@ def evaluate(actors: Roles, state: RunState, max_tokens: int | None = None, gree
         apply_scores(episodes[part], scores)
     scored = [x for x in episodes if x.reward_error is None]
     members = sorted({name for x in scored for name in x.rewards})
+    correct = [float(task.verify(x.completion, x.target)) for x in episodes]
     result = {
         "policy_version": min(x.policy_version for x in episodes),
-        "heldout_accuracy": sum(task.verify(x.completion, x.target) for x in episodes) / len(episodes),
+        "heldout_accuracy": sum(correct) / len(episodes),
+        "heldout_se": standard_error(per_prompt(episodes, correct)),
+        "eval_problems": len(problems),
         "eval_reward": _mean([x.reward for x in scored]),
         **{f"eval_reward/{m}": _mean([x.rewards[m] for x in scored if m in x.rewards]) for m in members},
         "eval_failed": len(episodes) - len(scored),
@@ -70,6 +74,23 @@ def evaluate(actors: Roles, state: RunState, max_tokens: int | None = None, gree
     }
     state.metrics.emit("eval", step=step, **result)
     return result
+
+
+def per_prompt(episodes: list[Episode], values: list[float]) -> list[float]:
+    """The mean of `values` (one per episode) over each prompt's episodes, in first-seen order."""
+    by_prompt: dict[str, list[float]] = {}
+    for episode, value in zip(episodes, values, strict=True):
+        by_prompt.setdefault(episode.prompt_id, []).append(value)
+    return [sum(v) / len(v) for v in by_prompt.values()]
+
+
+def standard_error(values: list[float]) -> float:
+    """The standard error of the mean of `values` (sample std / sqrt(n)); NaN for fewer than two."""
+    n = len(values)
+    if n < 2:
+        return math.nan
+    mean = sum(values) / n
+    return math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1) / n)
 
 
 def probe_samples(actors: Roles, state: RunState, n: int) -> list[Episode]:

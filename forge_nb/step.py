@@ -175,8 +175,9 @@ TRAINER_READS = ("entropy", "clip_fraction", "kl_ref", "response_length", "respo
 @dataclass(frozen=True)
 class StepRow:
     """One trained batch. Times in seconds; `tokens_per_s` generated tokens per generation second;
-    `refresh_gbps` in 1e9 bytes/s (0 in async runs, whose refreshes happen between generator
-    batches). `staleness` = trainer version - version that generated the batch, at train time.
+    `refresh_gbps` in 1e9 bytes/s over `refresh_bytes` (both 0 in async runs, whose refreshes happen between
+    generator batches). `turns`, `tool_calls`, `tool_errors` are NaN in a batch without trajectories.
+    `staleness` = trainer version - version that generated the batch, at train time.
     Read by the trainer on the policy's tokens before its step (`rl.train_step.policy_update`; NaN when no
     step ran): `entropy` (nats per token), `clip_fraction`, `kl_ref` (k3 KL to the reference, NaN without
     one), `response_length` (mean policy tokens per sequence) and `response_length_max`."""
@@ -190,15 +191,16 @@ class StepRow:
     accuracy: float
     tokens_per_s: float
     truncated: float  # share of the batch's completions cut off at max_tokens
-    turns: float  # model calls per trajectory (1 without an agent rollout)
-    tool_calls: int  # tool calls in the batch's trajectories, and how many of them failed
-    tool_errors: int
+    turns: float  # model calls per trajectory
+    tool_calls: float  # tool calls in the batch's trajectories, and how many of them failed
+    tool_errors: float
     generate_s: float
     score_s: float
     reference_s: float
     train_s: float
     refresh_s: float
     refresh_gbps: float
+    refresh_bytes: int
     loss: float
     grad_norm: float
     entropy: float
@@ -237,6 +239,7 @@ class StepRow:
             train_s=train["train_seconds"],
             refresh_s=refresh["total_seconds"] if refresh else 0.0,
             refresh_gbps=refresh["gbps"] if refresh else 0.0,
+            refresh_bytes=refresh["bytes"] if refresh else 0,
             loss=train["loss"],
             grad_norm=train["grad_norm"],
             **{name: train.get(name, NAN) for name in TRAINER_READS},

@@ -16,31 +16,35 @@ import threading
 from typing import Any
 
 import ipywidgets as widgets
+import plotly.colors
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from forge_nb.notebook import plots
 from forge_nb.notebook.explorer import Explorer
 from forge_nb.notebook.fit_width import fit_width
-from forge_nb.notebook.plots import EMA
+from forge_nb.notebook.panels import PANELS, PHASES, Panel, shown
+from forge_nb.notebook.plots import EMA, SMOOTHED
 from forge_nb.status import sizes_line, trainer_sizes
 
-PHASES = ("generate_s", "score_s", "reference_s", "train_s", "refresh_s")  # stacked: their sum ~ step time
 JUDGE = ("verdicts_per_s", "latency_s")  # from "judge" rows: the judge's own throughput, and wait per call
+KINDS = ("step", "judge", "eval")  # the metrics stream's rows it draws
 # Curves drawn twice: each step's value, faint, and their moving average (`plots.EMA`), solid.
-SMOOTHED = ("mean_reward", "accuracy", "entropy", "response_length")
 SMOOTH = " ema"  # a smoothed trace's meta: its column's name and this
 
 
 class Dashboard:
-    """Reward / accuracy, tokens/s, time per phase, refresh GB/s, judge verdicts/s and latency, an agent's
-    turns per trajectory and tool calls / errors, the policy's entropy, response lengths, clip fraction and KL
-    to the reference; versions and staleness; buttons; below, the sample explorer, opened on a step by
-    clicking a point of the reward curve."""
+    """Reward / accuracy, held-out accuracy, tokens/s, time per phase, refresh GB/s, judge verdicts/s and
+    latency, an agent's turns per trajectory and tool calls / errors, the policy's entropy, response lengths,
+    clip fraction and KL to the reference -- each panel once the run has data for it (`panels.shown`); versions
+    and staleness; buttons; below, the sample explorer, opened on a step by clicking a point of the reward
+    curve."""
 
     def __init__(self, session, max_hz: float = 4.0) -> None:
         self.session = session
-        self.figure = _figure()
+        self._rows: dict[str, list[dict[str, Any]]] = {kind: [] for kind in KINDS}
+        self._panels = shown(self._rows)
+        self.figure = go.FigureWidget(_figure(self._panels))
         self.versions = widgets.HTML()
         self.run_button = widgets.Button(description="Run", icon="play", tooltip="start / pause the background run")
         self.step_button = widgets.Button(description="Step", icon="forward")
@@ -68,7 +72,7 @@ class Dashboard:
         self._period = 1.0 / max_hz
         self._closed = threading.Event()
         for row in session.metrics_stream.rows():
-            if row["kind"] in ("step", "judge"):
+            if row["kind"] in KINDS:
                 self._pending.append(row)
         self._unsubscribe = session.metrics_stream.subscribe(self._on_row)
         self.redraw()
@@ -79,7 +83,7 @@ class Dashboard:
         self.samples.selected_index = 0
 
     def _on_row(self, row: dict[str, Any]) -> None:
-        if row["kind"] in ("step", "judge"):
+        if row["kind"] in KINDS:
             with self._lock:
                 self._pending.append(row)
 
@@ -90,23 +94,46 @@ class Dashboard:
             self.redraw()
 
     def redraw(self) -> None:
-        """Draw queued rows (one batch update) and refresh the version line."""
+        """Draw queued rows (one batch update; the whole figure again when a panel or series appears) and
+        refresh the version line."""
         with self._lock:
             rows, self._pending = self._pending, []
-        if rows:
-            with self.figure.batch_update():
-                for trace in self.figure.data:
-                    column = trace.meta.removesuffix(SMOOTH)
-                    mine = [r for r in rows if r["kind"] == ("judge" if column in JUDGE else "step")]
-                    values = [r.get(column, math.nan) for r in mine]  # rows from older runs lack new columns
-                    if trace.meta.endswith(SMOOTH):
-                        values = self._averages[column].add(values)
-                    trace.x = (*trace.x, *(r["step"] for r in mine))
-                    trace.y = (*trace.y, *values)
-                # Whole steps only, about ten ticks (plotly would otherwise label 1.5 as "2" next to 2).
-                self.figure.update_xaxes(dtick=max(1, math.ceil(len(self.figure.data[0].x) / 10)))
+        for row in rows:
+            self._rows[row["kind"]].append(row)
+        panels = shown(self._rows)
+        if panels != self._panels:
+            self._rebuild(panels)
+        elif rows:
+            self._draw(rows)
         self.versions.value = self._versions_html()
         self.run_button.description = "Pause" if self._run_state() == "running" else "Run"
+
+    def _rebuild(self, panels: list[Panel]) -> None:
+        """Lay the figure out again for `panels` and draw every row so far into it (same widget: the
+        explorer's clicks are hooked to its new traces)."""
+        self._panels = panels
+        new, width = _figure(panels), self.figure.layout.width
+        self.figure.data = ()
+        self.figure.layout = new.layout
+        self.figure.update_layout(width=width)
+        self.figure.add_traces(list(new.data))
+        self._averages = {name: MovingAverage(EMA) for name in SMOOTHED}
+        self._draw([r for kind in KINDS for r in self._rows[kind]])
+        self.explorer.listen(self.figure)
+
+    def _draw(self, rows: list[dict[str, Any]]) -> None:
+        """Append `rows` to the traces of their columns."""
+        with self.figure.batch_update():
+            for trace in self.figure.data:
+                column = trace.meta.removesuffix(SMOOTH)
+                mine = [r for r in rows if r["kind"] == KIND.get(column, "step")]
+                values = [r.get(column, math.nan) for r in mine]  # rows from older runs lack new columns
+                if trace.meta.endswith(SMOOTH):
+                    values = self._averages[column].add(values)
+                trace.x = (*trace.x, *(r["step"] for r in mine))
+                trace.y = (*trace.y, *values)
+            # Whole steps only, about ten ticks (plotly would otherwise label 1.5 as "2" next to 2).
+            self.figure.update_xaxes(dtick=max(1, math.ceil(len(self._rows["step"]) / 10)))
 
     def _versions_html(self) -> str:
         s = self.session
@@ -166,39 +193,31 @@ class DashboardBox(widgets.VBox):
 
     def _repr_mimebundle_(self, **kwargs):
         bundle = super()._repr_mimebundle_(**kwargs)
-        steps = self.session.metrics_stream.to_pandas("step") if self.session is not None else None
+        stream = self.session.metrics_stream if self.session is not None else None
+        steps = stream.to_pandas("step") if stream is not None else None
         if bundle is not None and steps is not None and not steps.empty and plots.available():
-            bundle["image/png"] = plots.png(plots.step_figure(steps))
+            figure = plots.step_figure(steps, judge=stream.to_pandas("judge"), evals=stream.to_pandas("eval"))
+            bundle["image/png"] = plots.png(figure)
         return bundle
 
 
-#: Each plot's traces, labelled in a legend of its own in that plot's top-left corner.
-PLOTS = {
-    (1, 1): ("reward and accuracy", ["mean_reward", "accuracy"]),
-    (1, 2): ("generated tokens/s", ["tokens_per_s"]),
-    (2, 1): ("time per phase (s)", list(PHASES)),
-    (2, 2): ("refresh GB/s", ["refresh_gbps"]),
-    (3, 1): ("judge verdicts/s", ["verdicts_per_s"]),
-    (3, 2): ("judge latency per call (s)", ["latency_s"]),
-    (4, 1): ("agent: model calls per trajectory", ["turns"]),
-    (4, 2): ("agent: tool calls per step", ["tool_calls", "tool_errors"]),
-    (5, 1): ("policy entropy (nats per token)", ["entropy"]),
-    (5, 2): ("response length (policy tokens)", ["response_length", "response_length_max"]),
-    (6, 1): ("clip fraction (ratio outside the clip range)", ["clip_fraction"]),
-    (6, 2): ("KL to the reference (k3, per token)", ["kl_ref"]),
-}
+COLORS = plotly.colors.qualitative.Plotly  # a panel's n-th series; its moving average has the same color
+KIND = {name: panel.kind for panel in PANELS for name in panel.series}  # which rows carry a column
 
 
-def _figure() -> go.FigureWidget:
+def _figure(panels: list[Panel]) -> go.Figure:
+    """`panels` in two columns, each with its own legend in its top-left corner and its unit on the y axis."""
+    rows = max(1, math.ceil(len(panels) / 2))
     fig = make_subplots(
-        rows=6,
+        rows=rows,
         cols=2,
-        horizontal_spacing=0.06,
-        vertical_spacing=0.06,
-        subplot_titles=[title for title, _ in PLOTS.values()],
+        horizontal_spacing=0.08,
+        vertical_spacing=min(0.3 / rows, 0.12),
+        subplot_titles=[p.title for p in panels],
     )
     legends = {}
-    for i, ((row, col), (_, names)) in enumerate(PLOTS.items()):
+    for i, panel in enumerate(panels):
+        row, col = i // 2 + 1, i % 2 + 1
         legend = "legend" if i == 0 else f"legend{i + 1}"
         axis = fig.get_subplot(row, col)
         legends[legend] = {
@@ -209,23 +228,26 @@ def _figure() -> go.FigureWidget:
             "bgcolor": "rgba(255, 255, 255, 0.7)",
             "font": {"size": 11},
         }
-        for name in names:
-            for trace in _traces(name, legend):
+        for name, color in zip(panel.series, COLORS, strict=False):
+            for trace in _traces(name, legend, color):
                 fig.add_trace(trace, row, col)
+        zero = "normal" if panel.kind == "step" and "mean_reward" in panel.series else "tozero"  # rewards may be < 0
+        fig.update_yaxes(title_text=panel.unit, title_font={"size": 11}, rangemode=zero, row=row, col=col)
+        fig.update_xaxes(title_text="step", title_font={"size": 11}, row=row, col=col)
     # No fixed width: the figure takes the cell's width (JupyterLab's output area), with its legends.
-    fig.update_layout(height=1400, autosize=True, margin={"l": 50, "r": 20, "t": 40, "b": 40}, **legends)
+    fig.update_layout(height=80 + 260 * rows, autosize=True, margin={"l": 60, "r": 20, "t": 40, "b": 40}, **legends)
     fig.update_xaxes(tickformat="d")
-    fig.update_xaxes(title_text="step", row=6)
-    return go.FigureWidget(fig)
+    return fig
 
 
-def _traces(name: str, legend: str) -> list[go.Scatter]:
-    """Column `name`'s traces in a plot: its values, and for a `SMOOTHED` column its moving average too."""
+def _traces(name: str, legend: str, color: str) -> list[go.Scatter]:
+    """Column `name`'s traces in a plot, in `color`: its values, and for a `SMOOTHED` column its moving
+    average too."""
     kwargs: dict[str, Any] = {"stackgroup": "phases"} if name in PHASES else {}
     label = name.removesuffix("_s") if name in PHASES else name.replace("_", " ")
     label = f"judge {label}" if name in JUDGE else label
-    line: dict[str, Any] = {"dash": "dot"} if name == "accuracy" else {}  # equals mean_reward under the built-in
-    mode = "lines+markers" if name == "mean_reward" else "lines"  # its points open a step's samples
+    line: dict[str, Any] = {"color": color, **({"dash": "dot"} if name == "accuracy" else {})}
+    mode = "lines+markers" if name in ("mean_reward", "heldout_accuracy") else "lines"  # reward: opens a step
     if name not in SMOOTHED:
         return [go.Scatter(x=[], y=[], name=label, meta=name, mode=mode, legend=legend, line=line, **kwargs)]
     group = {"legend": legend, "legendgroup": name}

@@ -33,9 +33,7 @@ class Explorer:
     ) -> None:
         self.session, self.on_show = session, on_show
         self.figure = figure if figure is not None else _reward_figure(session)
-        for trace in self.figure.data:  # accuracy shares the reward's points: a click on either opens the step
-            if trace.meta in (None, "mean_reward", "accuracy"):
-                trace.on_click(self._on_click)
+        self.listen(self.figure)
         self.title = widgets.HTML("<b>Click a point of the reward curve to open that step's groups.</b>")
         self.groups = widgets.HTML()
         self.sample = widgets.Dropdown(description="sample", options=[], layout={"width": "260px"})
@@ -73,6 +71,13 @@ class Explorer:
     def _on_click(self, trace, points, selector) -> None:
         if points.point_inds:
             self.show_step(int(trace.x[points.point_inds[0]]))
+
+    def listen(self, figure: go.FigureWidget) -> None:
+        """A click on a point of `figure`'s reward curve opens that step (also on accuracy's points, which
+        lie on the reward's and plotly may pick)."""
+        for trace in figure.data:
+            if trace.meta in (None, "mean_reward", "accuracy"):
+                trace.on_click(self._on_click)
 
     def show_step(self, step: int) -> None:
         """Open `step`'s groups (from the rollout log)."""

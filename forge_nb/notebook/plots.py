@@ -13,7 +13,9 @@ from typing import Any
 
 import pandas as pd
 
-PHASES = ("generate_s", "score_s", "reference_s", "train_s", "refresh_s")  # stacked: their sum ~ step time
+from forge_nb.notebook.panels import PHASES, Panel, shown
+
+SMOOTHED = ("mean_reward", "accuracy", "entropy", "response_length")  # drawn faint, with their moving average
 # The weight of the past in the smoothed curves: an exponential moving average over the steps, debiased as
 # TensorBoard's smoothing is (the first steps are not pulled towards 0); each step's own value is drawn faint.
 EMA = 0.8
@@ -38,41 +40,49 @@ def available() -> bool:
     return True
 
 
-def step_figure(steps: pd.DataFrame, title: str = "") -> Any:
-    """The dashboard's panels as one matplotlib figure: reward and accuracy, generated tokens/s, time
-    per phase (stacked seconds), refresh GB/s, the policy's entropy and response lengths, each against the
-    step. `steps` has one row per step (a "step" column or index)."""
+def step_figure(
+    steps: pd.DataFrame, title: str = "", judge: pd.DataFrame | None = None, evals: pd.DataFrame | None = None
+) -> Any:
+    """The live dashboard's panels (`panels.shown`: those with data, the same titles and units) as one
+    matplotlib figure, two per row, each against the step. `steps` has one row per step (a "step" column or
+    index: `s.step(...)` or ``s.metrics_stream.to_pandas("step")``); `judge` and `evals` are the stream's
+    "judge" and "eval" rows, if any."""
     from matplotlib.figure import Figure
 
-    df = steps.reset_index() if "step" not in steps.columns else steps
-    fig = Figure(figsize=(10, 8.4), layout="constrained")
-    (reward, tokens), (phases, refresh), (entropy, lengths) = fig.subplots(3, 2, sharex=True)
-    _curve(reward, df.step, df.mean_reward, "mean_reward")
-    _curve(reward, df.step, df.accuracy, "accuracy", ":")
-    reward.set_title("reward and accuracy")
-    reward.legend(loc="lower right", fontsize="small")
-    tokens.plot(df.step, df.tokens_per_s, color="tab:green")
-    tokens.set_title("generated tokens/s")
-    present = [p for p in PHASES if p in df.columns]
-    phases.stackplot(df.step, *(df[p] for p in present), labels=[p.removesuffix("_s") for p in present])
-    phases.set_title("time per phase (s)")
-    phases.legend(loc="upper left", fontsize="small", ncols=len(present))
-    refresh.plot(df.step, df.refresh_gbps, color="tab:purple")
-    refresh.set_title("refresh GB/s")
-    if "entropy" in df.columns:  # step rows from before forge_nb logged them have none
-        _curve(entropy, df.step, df.entropy, "entropy", color="tab:brown")
-        _curve(lengths, df.step, df.response_length, "mean")
-        lengths.plot(df.step, df.response_length_max, ":", label="max")
-        lengths.legend(loc="lower right", fontsize="small")
-    entropy.set_title("policy entropy (nats per token)")
-    lengths.set_title("response length (policy tokens)")
-    for ax in (entropy, lengths):
-        ax.set_xlabel("step")
-    for ax in (reward, tokens, phases, refresh, entropy, lengths):
-        ax.grid(alpha=0.3)
+    frames = {"step": steps.reset_index() if "step" not in steps.columns else steps, "judge": judge, "eval": evals}
+    frames = {k: v for k, v in frames.items() if v is not None and not v.empty}
+    panels = shown({k: v.to_dict("records") for k, v in frames.items()})
+    rows = max(1, -(-len(panels) // 2))
+    fig = Figure(figsize=(10, 2.8 * rows), layout="constrained")
+    axes = fig.subplots(rows, 2, squeeze=False).ravel()
+    for ax, panel in zip(axes, panels, strict=False):
+        _panel(ax, panel, frames[panel.kind])
+    for ax in axes[len(panels) :]:
+        ax.set_axis_off()
     if title:
         fig.suptitle(title)
     return fig
+
+
+def _panel(ax, panel: Panel, df: pd.DataFrame) -> None:
+    """One panel: a stack of the phases, or each series (faint with its moving average where smoothed)."""
+    if panel.series[0] in PHASES:
+        ax.stackplot(df.step, *(df[p] for p in panel.series), labels=[p.removesuffix("_s") for p in panel.series])
+    else:
+        for name in panel.series:
+            style = ":" if name in ("accuracy", "response_length_max", "tool_errors") else "-"
+            label = name.replace("_", " ")
+            if name in SMOOTHED:
+                _curve(ax, df.step, df[name], label, style)
+            else:
+                ax.plot(df.step, df[name], style, marker="o" if name == "heldout_accuracy" else None, label=label)
+    ax.set_title(panel.title)
+    ax.set_ylabel(panel.unit)
+    ax.set_xlabel("step")
+    ax.xaxis.get_major_locator().set_params(integer=True)
+    ax.grid(alpha=0.3)
+    if len(panel.series) > 1 or panel.series[0] in SMOOTHED:
+        ax.legend(loc="best", fontsize="small")
 
 
 def png(fig: Any, dpi: int = 80) -> bytes:

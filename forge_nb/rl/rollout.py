@@ -14,6 +14,7 @@ and torch, tested without a mesh.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -63,8 +64,11 @@ class Rollout:
 
     @property
     def agent_stats(self) -> dict[str, float]:
-        """Mean model calls per trajectory (1 for single-turn samples) and tool calls / errors in all."""
+        """Mean model calls per trajectory and tool calls / errors in all; NaN in a batch of single-turn
+        samples (no agent ran: a dashboard draws no agent panel)."""
         turns = [e.turns or [] for e in self.episodes]
+        if not any(e.turns is not None for e in self.episodes):
+            return dict.fromkeys(("turns", "tool_calls", "tool_errors"), math.nan)
         return {
             "turns": sum(max(1, len(t)) for t in turns) / max(1, len(turns)),
             "tool_calls": sum(x["tool_calls"] for t in turns for x in t),

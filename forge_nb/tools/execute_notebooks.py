@@ -4,8 +4,10 @@
 Each notebook runs top to bottom in a fresh kernel from its own folder (cells tagged ``raises-exception`` may
 raise; any other error stops it and leaves the file as it was). Then, as JupyterLab shows it after the run:
 
-- the widgets still open are stored with the notebook (nbviewer renders them; the dashboard also carries a PNG
-  for viewers without widgets, GitHub's among them);
+- the widgets still open are stored with the notebook (nbviewer renders them), except those that carry their
+  own picture (the dashboard's PNG of its panels): they are stored as that picture, which every viewer shows
+  (GitHub's, JupyterLab's without a kernel), not as megabytes of plotly's JavaScript in widget state that
+  nothing but a live kernel could bring back to life;
 - the outputs of widgets closed during the run are dropped: a progress bar that removed itself (tqdm's
   ``leave=False``) shows nothing in JupyterLab, but its text fallback would read "0%" in any other viewer.
 
@@ -57,9 +59,23 @@ def execute(path: Path, timeout: float = 900.0, kernel: str = "python3") -> floa
     start = time.perf_counter()
     client.execute()
     seconds = time.perf_counter() - start
+    as_pictures(nb)
     drop_closed_widgets(nb, client.closed)
     nbformat.write(nb, path)
     return seconds
+
+
+def as_pictures(nb: nbformat.NotebookNode) -> int:
+    """Store every widget output that also carries an image as the image alone -> how many. (The widget's
+    state then goes with `drop_closed_widgets`' pruning: no output shows it.)"""
+    changed = 0
+    for cell in nb.cells:
+        for output in cell.get("outputs", []) if cell.cell_type == "code" else []:
+            data = output.get("data", {})
+            if WIDGET_VIEW in data and any(k.startswith("image/") for k in data):
+                del data[WIDGET_VIEW]
+                changed += 1
+    return changed
 
 
 def drop_closed_widgets(nb: nbformat.NotebookNode, closed: set[str]) -> int:

@@ -1,4 +1,5 @@
-"""The dashboard draws the judge's throughput and latency from the metrics stream's "judge" rows."""
+"""The dashboard draws the judge's throughput and latency from the metrics stream's "judge" rows, and lays
+itself out again when a panel gets its first data."""
 
 from forge_nb.notebook.dashboard import Dashboard
 from tests.notebook.stand_in import dashboard_session
@@ -14,5 +15,26 @@ def test_judge_rows_feed_the_judge_plots_and_step_rows_the_others():
         traces = {t.meta: t for t in board.figure.data}
         assert list(traces["verdicts_per_s"].y) == [4.0, 5.0] and list(traces["latency_s"].x) == [0, 1]
         assert list(traces["mean_reward"].y) == []
+    finally:
+        board.close()
+
+
+def test_a_panel_appears_when_its_first_row_arrives_and_clicks_still_open_steps():
+    from tests.notebook.test_panels import step
+
+    session = dashboard_session()
+    session.metrics_stream.emit(**step(1))
+    board = Dashboard(session)
+    try:
+        assert "held-out accuracy" not in [a.text for a in board.figure.layout.annotations]
+        board.figure.update_layout(width=900)  # as the width probe sets it
+        session.metrics_stream.emit(**step(2))
+        session.metrics_stream.emit("eval", step=2, heldout_accuracy=0.3)
+        board.redraw()
+        assert "held-out accuracy" in [a.text for a in board.figure.layout.annotations]
+        traces = {t.meta: t for t in board.figure.data}
+        assert list(traces["heldout_accuracy"].y) == [0.3] and list(traces["mean_reward"].x) == [1, 2]
+        assert board.figure.layout.width == 900
+        assert traces["mean_reward"]._click_callbacks  # noqa: SLF001 (the explorer listens to the new trace)
     finally:
         board.close()

@@ -39,12 +39,36 @@ def test_the_picture_has_the_policys_entropy_and_response_lengths():
     )
     fig = plots.step_figure(steps)
     titles = [ax.get_title() for ax in fig.axes]
-    assert "policy entropy (nats per token)" in titles and "response length (policy tokens)" in titles
-    entropy = fig.axes[titles.index("policy entropy (nats per token)")]
+    assert "policy entropy" in titles and "response length" in titles
+    entropy = fig.axes[titles.index("policy entropy")]
+    assert entropy.get_ylabel() == "nats per token"
     raw, smooth = entropy.lines[:2]
     assert list(raw.get_ydata()) == [1.9, 1.7]
     # The debiased moving average: the first step is its own value, the second 0.2 of the way to the new one.
     assert list(smooth.get_ydata()) == pytest.approx([1.9, (0.8 * 0.2 * 1.9 + 0.2 * 1.7) / (1 - 0.8**2)])
+
+
+def test_the_picture_has_the_live_dashboards_panels():
+    from forge_nb.notebook.dashboard import Dashboard
+    from tests.notebook.stand_in import dashboard_session
+    from tests.notebook.test_panels import step
+
+    session = dashboard_session()
+    for n in (1, 2):
+        session.metrics_stream.emit(**step(n, accuracy=0.1 * n))
+    session.metrics_stream.emit("judge", step=1, verdicts_per_s=4.0, latency_s=3.5)
+    session.metrics_stream.emit("eval", step=2, heldout_accuracy=0.3)
+    board = Dashboard(session)
+    try:
+        live = [a.text for a in board.figure.layout.annotations]
+        stream = session.metrics_stream
+        fig = plots.step_figure(
+            stream.to_pandas("step"), judge=stream.to_pandas("judge"), evals=stream.to_pandas("eval")
+        )
+        assert [ax.get_title() for ax in fig.axes if ax.get_title()] == live
+        assert "held-out accuracy" in live and "judge latency per call" in live and "refresh bandwidth" not in live
+    finally:
+        board.close()
 
 
 def test_the_live_dashboards_moving_average_is_the_pictures():
