@@ -99,8 +99,18 @@ def export_config(config: Config, path: str | Path, steps: int = 100) -> Path:
 
 
 def run_hint(out: Path) -> str:
-    """How to run an exported bundle, for the line printed after an export."""
-    return f"exported to {out}; run it with `sbatch {out / 'run.sbatch'}` or `python {out / 'run.py'}`"
+    """How to run an exported bundle, for the line printed after an export: its paths as typed from the
+    current folder (relative inside it, else with ~ for the home folder), as a user would type them."""
+    where = _as_typed(out)
+    return f"exported to {where}; run it with `sbatch {where / 'run.sbatch'}` or `python {where / 'run.py'}`"
+
+
+def _as_typed(path: Path) -> Path:
+    path = Path(path).resolve()
+    for base, shown in ((Path.cwd().resolve(), Path()), (Path.home().resolve(), Path("~"))):
+        if base != Path(base.anchor) and path.is_relative_to(base):
+            return shown / path.relative_to(base)
+    return path
 
 
 def sbatch_script(config: Config, out: Path) -> str:

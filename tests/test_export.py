@@ -100,3 +100,15 @@ def test_exported_session_runs_to_completion_under_slurm_and_matches_the_noteboo
     time.sleep(0.5)
     assert slurm.live_steps() == []
     assert wait_no_children(exclude=slurm.daemons) == []
+
+
+def test_the_printed_hint_gives_paths_as_typed_from_the_current_folder(tmp_path, monkeypatch):
+    from forge_nb.export import run_hint
+
+    monkeypatch.chdir(tmp_path)
+    assert run_hint(tmp_path / "runs" / "exp1") == (
+        "exported to runs/exp1; run it with `sbatch runs/exp1/run.sbatch` or `python runs/exp1/run.py`"
+    )
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.chdir("/")
+    assert run_hint(tmp_path / "b").startswith("exported to ~/b;")

@@ -23,7 +23,7 @@ from plotly.subplots import make_subplots
 from forge_nb.notebook import plots
 from forge_nb.notebook.explorer import Explorer
 from forge_nb.notebook.fit_width import fit_width
-from forge_nb.notebook.panels import PANELS, PHASES, Panel, shown
+from forge_nb.notebook.panels import PANELS, PHASES, Panel, eval_row, shown
 from forge_nb.notebook.plots import EMA, SMOOTHED
 from forge_nb.status import sizes_line, trainer_sizes
 
@@ -72,8 +72,7 @@ class Dashboard:
         self._period = 1.0 / max_hz
         self._closed = threading.Event()
         for row in session.metrics_stream.rows():
-            if row["kind"] in KINDS:
-                self._pending.append(row)
+            self._on_row(row)
         self._unsubscribe = session.metrics_stream.subscribe(self._on_row)
         self.redraw()
         threading.Thread(target=self._ticker, name="forge_nb-dashboard", daemon=True).start()
@@ -85,7 +84,7 @@ class Dashboard:
     def _on_row(self, row: dict[str, Any]) -> None:
         if row["kind"] in KINDS:
             with self._lock:
-                self._pending.append(row)
+                self._pending.append(eval_row(row) if row["kind"] == "eval" else row)
 
     def _ticker(self) -> None:
         while not self._closed.wait(self._period):
@@ -247,7 +246,7 @@ def _traces(name: str, legend: str, color: str) -> list[go.Scatter]:
     label = name.removesuffix("_s") if name in PHASES else name.replace("_", " ")
     label = f"judge {label}" if name in JUDGE else label
     line: dict[str, Any] = {"color": color, **({"dash": "dot"} if name == "accuracy" else {})}
-    mode = "lines+markers" if name in ("mean_reward", "heldout_accuracy") else "lines"  # reward: opens a step
+    mode = "lines+markers" if name == "mean_reward" or name.startswith("heldout") else "lines"  # reward: opens a step
     if name not in SMOOTHED:
         return [go.Scatter(x=[], y=[], name=label, meta=name, mode=mode, legend=legend, line=line, **kwargs)]
     group = {"legend": legend, "legendgroup": name}

@@ -10,8 +10,9 @@ Two cases are judged, not just read:
 - refresh GB/s only where a refresh moved real bytes (`REAL_BYTES`): a few MB move in a time set by the
   round trips, not the link, and their "GB/s" is not a bandwidth.
 
-`shown(rows)` takes the metrics stream's rows by kind (``{"step": [...], "judge": [...], "eval": [...]}``)
-and returns the panels to draw, in order, each with the series that have data.
+`shown(rows)` takes the metrics stream's rows by kind (``{"step": [...], "judge": [...], "eval": [...]}``,
+eval rows through `eval_row`) and returns the panels to draw, in order, each with the series that have data.
+The held-out panel needs evaluations at two steps or more: one evaluation is a number, not a curve.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ class Panel:
 
 PANELS = (
     Panel("reward and task accuracy", "mean per sample", ("mean_reward", "accuracy")),
-    Panel("held-out accuracy", "share correct", ("heldout_accuracy",), "eval"),
+    Panel("held-out accuracy", "share correct", ("heldout_greedy", "heldout_sampled"), "eval"),
     Panel("generated tokens/s", "tokens / s", ("tokens_per_s",)),
     Panel("time per phase", "seconds per step", PHASES),
     Panel("refresh bandwidth", "GB/s (1e9 bytes / s)", ("refresh_gbps",)),
@@ -55,6 +56,13 @@ PANELS = (
 FIRST = ("reward and task accuracy", "generated tokens/s")
 
 
+def eval_row(row: Mapping[str, Any]) -> dict[str, Any]:
+    """An "eval" row with its accuracy under the column of how it was read: greedy (one answer per problem)
+    or sampled (several, at the sampling temperature) -- two different numbers, never one line."""
+    how = "heldout_greedy" if row.get("eval_greedy", 1.0) else "heldout_sampled"
+    return {**row, how: row.get("heldout_accuracy")}
+
+
 def shown(rows: Mapping[str, Sequence[Mapping[str, Any]]]) -> list[Panel]:
     """The panels with data in `rows` (by kind), each with only its series that have data."""
     out = []
@@ -62,6 +70,8 @@ def shown(rows: Mapping[str, Sequence[Mapping[str, Any]]]) -> list[Panel]:
         mine = rows.get(panel.kind) or []
         if panel.kind == "step" and not mine:  # no step yet: the reward and throughput panels wait
             out.extend([panel] if panel.title in FIRST else [])
+            continue
+        if panel.kind == "eval" and len({r.get("step") for r in mine}) < 2:
             continue
         series = tuple(name for name in panel.series if _has_data(name, mine))
         if panel.title == FIRST[0]:

@@ -13,9 +13,10 @@ from typing import Any
 
 import pandas as pd
 
-from forge_nb.notebook.panels import PHASES, Panel, shown
+from forge_nb.notebook.panels import PHASES, Panel, eval_row, shown
 
-SMOOTHED = ("mean_reward", "accuracy", "entropy", "response_length")  # drawn faint, with their moving average
+# Drawn faint, with their moving average.
+SMOOTHED = ("mean_reward", "accuracy", "tokens_per_s", "entropy", "response_length")
 # The weight of the past in the smoothed curves: an exponential moving average over the steps, debiased as
 # TensorBoard's smoothing is (the first steps are not pulled towards 0); each step's own value is drawn faint.
 EMA = 0.8
@@ -49,6 +50,8 @@ def step_figure(
     "judge" and "eval" rows, if any."""
     from matplotlib.figure import Figure
 
+    if evals is not None and not evals.empty:
+        evals = pd.DataFrame([eval_row(r) for r in evals.to_dict("records")])
     frames = {"step": steps.reset_index() if "step" not in steps.columns else steps, "judge": judge, "eval": evals}
     frames = {k: v for k, v in frames.items() if v is not None and not v.empty}
     panels = shown({k: v.to_dict("records") for k, v in frames.items()})
@@ -75,7 +78,9 @@ def _panel(ax, panel: Panel, df: pd.DataFrame) -> None:
             if name in SMOOTHED:
                 _curve(ax, df.step, df[name], label, style)
             else:
-                ax.plot(df.step, df[name], style, marker="o" if name == "heldout_accuracy" else None, label=label)
+                ax.plot(df.step, df[name], style, marker="o" if name.startswith("heldout") else None, label=label)
+    if "mean_reward" not in panel.series:  # counts, times, shares: from 0 (a reward may be negative)
+        ax.set_ylim(0, max(ax.get_ylim()[1], 1e-3))
     ax.set_title(panel.title)
     ax.set_ylabel(panel.unit)
     ax.set_xlabel("step")

@@ -29,11 +29,14 @@ def test_a_panel_appears_when_its_first_row_arrives_and_clicks_still_open_steps(
         assert "held-out accuracy" not in [a.text for a in board.figure.layout.annotations]
         board.figure.update_layout(width=900)  # as the width probe sets it
         session.metrics_stream.emit(**step(2))
-        session.metrics_stream.emit("eval", step=2, heldout_accuracy=0.3)
+        session.metrics_stream.emit("eval", step=0, heldout_accuracy=0.2, eval_greedy=1.0)
+        board.redraw()
+        assert "held-out accuracy" not in [a.text for a in board.figure.layout.annotations]  # a point, not a curve
+        session.metrics_stream.emit("eval", step=2, heldout_accuracy=0.3, eval_greedy=1.0)
         board.redraw()
         assert "held-out accuracy" in [a.text for a in board.figure.layout.annotations]
         traces = {t.meta: t for t in board.figure.data}
-        assert list(traces["heldout_accuracy"].y) == [0.3] and list(traces["mean_reward"].x) == [1, 2]
+        assert list(traces["heldout_greedy"].y) == [0.2, 0.3] and list(traces["mean_reward"].x) == [1, 2]
         assert board.figure.layout.width == 900
         assert traces["mean_reward"]._click_callbacks  # noqa: SLF001 (the explorer listens to the new trace)
     finally:

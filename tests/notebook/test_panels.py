@@ -2,7 +2,7 @@
 
 import math
 
-from forge_nb.notebook.panels import REAL_BYTES, shown
+from forge_nb.notebook.panels import REAL_BYTES, eval_row, shown
 
 NAN = math.nan
 
@@ -67,11 +67,11 @@ def test_each_panel_appears_with_its_data():
             )
         ],
         "judge": [{"kind": "judge", "step": 1, "verdicts_per_s": 4.0, "latency_s": 0.5}],
-        "eval": [{"kind": "eval", "step": 1, "heldout_accuracy": 0.3}],
+        "eval": [eval_row({"kind": "eval", "step": n, "heldout_accuracy": 0.3, "eval_greedy": 1.0}) for n in (0, 1)],
     }
     got = titles(rows)
     assert got["reward and task accuracy"] == ("mean_reward", "accuracy")
-    assert got["held-out accuracy"] == ("heldout_accuracy",)
+    assert got["held-out accuracy"] == ("heldout_greedy",)
     assert got["refresh bandwidth"] == ("refresh_gbps",)
     assert got["judge verdicts/s"] == ("verdicts_per_s",) and "judge latency per call" in got
     assert got["agent: model calls per trajectory"] == ("turns",)
@@ -87,3 +87,13 @@ def test_before_the_first_step_the_reward_and_throughput_panels_wait():
 def test_rows_from_before_a_column_existed_draw_without_it():
     old = {"kind": "step", "step": 1, "mean_reward": 0.2, "accuracy": 0.2, "tokens_per_s": 10.0, "train_s": 0.1}
     assert list(titles({"step": [old]})) == ["reward (= task accuracy)", "generated tokens/s", "time per phase"]
+
+
+def test_held_out_accuracy_is_a_curve_of_two_evaluations_or_more_greedy_and_sampled_apart():
+    def evaluation(n: int, greedy: bool) -> dict:
+        return eval_row({"kind": "eval", "step": n, "heldout_accuracy": 0.3, "eval_greedy": float(greedy)})
+
+    one_step = {"step": [step(1)], "eval": [evaluation(0, True), evaluation(0, False)]}
+    assert "held-out accuracy" not in titles(one_step)
+    two_steps = {"step": [step(1)], "eval": [evaluation(0, True), evaluation(0, False), evaluation(10, False)]}
+    assert titles(two_steps)["held-out accuracy"] == ("heldout_greedy", "heldout_sampled")

@@ -57,7 +57,8 @@ def test_the_picture_has_the_live_dashboards_panels():
     for n in (1, 2):
         session.metrics_stream.emit(**step(n, accuracy=0.1 * n))
     session.metrics_stream.emit("judge", step=1, verdicts_per_s=4.0, latency_s=3.5)
-    session.metrics_stream.emit("eval", step=2, heldout_accuracy=0.3)
+    session.metrics_stream.emit("eval", step=0, heldout_accuracy=0.2, eval_greedy=1.0)
+    session.metrics_stream.emit("eval", step=2, heldout_accuracy=0.3, eval_greedy=1.0)
     board = Dashboard(session)
     try:
         live = [a.text for a in board.figure.layout.annotations]
