@@ -34,6 +34,7 @@ from forge_nb.config import Config
 from forge_nb.live.builtin import builtin_loss, builtin_reward
 from forge_nb.live.registry import Member
 from forge_nb.mesh.placement import slurm_nodes
+from forge_nb.paths import as_typed
 
 RUN_SCRIPT = Path(__file__).parent / "recipes" / "run.py"
 PYTHON_LINES = [
@@ -101,16 +102,8 @@ def export_config(config: Config, path: str | Path, steps: int = 100) -> Path:
 def run_hint(out: Path) -> str:
     """How to run an exported bundle, for the line printed after an export: its paths as typed from the
     current folder (relative inside it, else with ~ for the home folder), as a user would type them."""
-    where = _as_typed(out)
+    where = as_typed(out)
     return f"exported to {where}; run it with `sbatch {where / 'run.sbatch'}` or `python {where / 'run.py'}`"
-
-
-def _as_typed(path: Path) -> Path:
-    path = Path(path).resolve()
-    for base, shown in ((Path.cwd().resolve(), Path()), (Path.home().resolve(), Path("~"))):
-        if base != Path(base.anchor) and path.is_relative_to(base):
-            return shown / path.relative_to(base)
-    return path
 
 
 def sbatch_script(config: Config, out: Path) -> str:

@@ -8,6 +8,7 @@ from typing import Any
 from forge_nb.live.manager import LiveCodeManager
 from forge_nb.loop import RunSlot
 from forge_nb.mesh.roles import Roles
+from forge_nb.paths import model_label
 from forge_nb.state import RunState
 
 
@@ -30,7 +31,7 @@ def session_status(
         "events": [{k: r[k] for k in ("time", "role", "what")} for r in st.metrics.rows("event")[-5:]],
         "reward_errors": len(st.reward_errors),
         "last_reward_errors": st.reward_errors[-3:],
-        "model": str(st.config.model.resolved_path()),
+        "model": model_label(st.config.model.path),  # a name, or the folder as typed (no machine paths)
         "trainer": trainer_sizes(actors),
         "run_dir": str(run_dir),
         "log_errors": [e for e in [st.rollout_log and st.rollout_log.error, *st.trackers.errors] if e],

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import html
 import math
+import re
 import threading
 from typing import Any
 
@@ -65,6 +66,7 @@ class Dashboard:
             [self.figure],
         )
         self.widget.session = session
+        self.widget.caption = lambda: _plain(self._versions_html())  # the picture's title: what the header says
         self.widget.add_class("forge-dashboard")
         self._pending: list[dict[str, Any]] = []
         self._averages = {name: MovingAverage(EMA) for name in SMOOTHED}
@@ -130,7 +132,7 @@ class Dashboard:
                 if trace.meta.endswith(SMOOTH):
                     values = self._averages[column].add(values)
                 trace.x = (*trace.x, *(r["step"] for r in mine))
-                trace.y = (*trace.y, *values)
+                trace.y = (*trace.y, *map(_gap, values))
             # Whole steps only, about ten ticks (plotly would otherwise label 1.5 as "2" next to 2).
             self.figure.update_xaxes(dtick=max(1, math.ceil(len(self._rows["step"]) / 10)))
 
@@ -189,13 +191,15 @@ class DashboardBox(widgets.VBox):
     for viewers without widgets: the richest type a viewer knows wins, the widget in JupyterLab)."""
 
     session = None
+    caption = None  # -> the header's text (versions, state, sizes), the picture's title
 
     def _repr_mimebundle_(self, **kwargs):
         bundle = super()._repr_mimebundle_(**kwargs)
         stream = self.session.metrics_stream if self.session is not None else None
         steps = stream.to_pandas("step") if stream is not None else None
         if bundle is not None and steps is not None and not steps.empty and plots.available():
-            figure = plots.step_figure(steps, judge=stream.to_pandas("judge"), evals=stream.to_pandas("eval"))
+            title = self.caption() if self.caption is not None else ""
+            figure = plots.step_figure(steps, title, judge=stream.to_pandas("judge"), evals=stream.to_pandas("eval"))
             bundle["image/png"] = plots.png(figure)
         return bundle
 
@@ -272,6 +276,17 @@ class MovingAverage:
             self.count += 1
             out.append(self.total / (1 - self.weight**self.count))
         return out
+
+
+def _gap(value: Any) -> Any:
+    """A value as plotly draws it: NaN (a step without the value) as None, a gap; JSON has no NaN, and the
+    widget's message to the browser would be refused with a warning in the cell."""
+    return None if isinstance(value, float) and math.isnan(value) else value
+
+
+def _plain(markup: str) -> str:
+    """The text of the header's HTML: tags dropped, entities read, its two lines kept."""
+    return html.unescape(re.sub(r"<[^>]+>", "", markup.replace("<br>", "\n")))
 
 
 def _rollout_version(session) -> str:

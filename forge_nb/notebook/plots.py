@@ -63,7 +63,7 @@ def step_figure(
     for ax in axes[len(panels) :]:
         ax.set_axis_off()
     if title:
-        fig.suptitle(title)
+        fig.suptitle(title, fontsize="medium")
     return fig
 
 

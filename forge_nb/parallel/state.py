@@ -8,6 +8,9 @@ back, bit for bit. Frozen weights (LoRA's base) are not in it: they come from th
 
 from __future__ import annotations
 
+import contextlib
+import warnings
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -22,11 +25,21 @@ FOLDER = "sharded"  # under a checkpoint's trainer/ folder
 _OPTIONS = StateDictOptions(ignore_frozen_params=True)
 
 
+@contextlib.contextmanager
+def _one_process_is_meant() -> Iterator[None]:
+    """Without a process group (a one-proc trainer) DCP warns, at every save and load, that it assumes one
+    process: that is what is meant, and the warning would reach every notebook cell that checkpoints."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
+        yield
+
+
 def save(folder: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
     """Write this rank's shards of the trainable weights and optimizer state into folder/sharded
     (every rank of a gang calls it)."""
     weights, optim = get_state_dict(model, optimizer, options=_OPTIONS)
-    dcp.save({"model": weights, "optimizer": optim}, checkpoint_id=str(Path(folder) / FOLDER))
+    with _one_process_is_meant():
+        dcp.save({"model": weights, "optimizer": optim}, checkpoint_id=str(Path(folder) / FOLDER))
 
 
 def load(folder: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
@@ -34,7 +47,8 @@ def load(folder: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer)
     Raises `ValueError` when a trainable weight is not in it (a checkpoint of another model or adapter)."""
     weights, optim = get_state_dict(model, optimizer, options=_OPTIONS)  # also creates AdamW's state to fill
     saved = {"model": weights, "optimizer": optim}
-    dcp.load(saved, checkpoint_id=str(Path(folder) / FOLDER))
+    with _one_process_is_meant():
+        dcp.load(saved, checkpoint_id=str(Path(folder) / FOLDER))
     # Not strict: the frozen weights (LoRA's base) are not in the state, by design.
     loose = StateDictOptions(ignore_frozen_params=True, strict=False)
     result = set_state_dict(

@@ -41,3 +41,17 @@ def test_a_panel_appears_when_its_first_row_arrives_and_clicks_still_open_steps(
         assert traces["mean_reward"]._click_callbacks  # noqa: SLF001 (the explorer listens to the new trace)
     finally:
         board.close()
+
+
+def test_a_step_without_a_value_is_a_gap_not_a_nan_the_browser_refuses():
+    from tests.notebook.test_panels import step
+
+    session = dashboard_session()
+    session.metrics_stream.emit(**step(1))
+    session.metrics_stream.emit(**step(2, entropy=float("nan")))
+    board = Dashboard(session)
+    try:
+        traces = {t.meta: t for t in board.figure.data}
+        assert list(traces["entropy"].y) == [1.2, None] and traces["entropy ema"].y[1] is None
+    finally:
+        board.close()

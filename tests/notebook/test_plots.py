@@ -80,3 +80,18 @@ def test_the_live_dashboards_moving_average_is_the_pictures():
     picture = plots.smoothed(pd.Series(values)).tolist()
     assert live[1] != live[1]  # NaN where the step has no value
     assert [live[i] for i in (0, 2, 3, 4)] == pytest.approx([picture[i] for i in (0, 2, 3, 4)])
+
+
+def test_the_picture_is_titled_with_the_dashboards_header():
+    from forge_nb.notebook.dashboard import Dashboard
+    from tests.notebook.stand_in import dashboard_session
+    from tests.notebook.test_panels import step
+
+    session = dashboard_session()
+    session.metrics_stream.emit(**step(1))
+    board = Dashboard(session)
+    try:
+        caption = board.widget.caption()
+        assert caption.startswith("policy v2 serving / v2 trained (staleness 0) · reward v1") and "<" not in caption
+    finally:
+        board.close()
