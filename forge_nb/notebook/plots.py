@@ -9,6 +9,7 @@ matplotlib is optional (the ``notebooks`` extra): without it `available()` is Fa
 from __future__ import annotations
 
 import io
+import textwrap
 from typing import Any
 
 import pandas as pd
@@ -62,8 +63,9 @@ def step_figure(
         _panel(ax, panel, frames[panel.kind])
     for ax in axes[len(panels) :]:
         ax.set_axis_off()
-    if title:
-        fig.suptitle(title, fontsize="medium")
+    if title:  # the dashboard's header: wrapped to the figure's width
+        lines = [textwrap.fill(line, 120) for line in title.splitlines()]
+        fig.suptitle("\n".join(lines), fontsize="medium")
     return fig
 
 
@@ -80,7 +82,7 @@ def _panel(ax, panel: Panel, df: pd.DataFrame) -> None:
             else:
                 ax.plot(df.step, df[name], style, marker="o" if name.startswith("heldout") else None, label=label)
     if "mean_reward" not in panel.series:  # counts, times, shares: from 0 (a reward may be negative)
-        ax.set_ylim(0, max(ax.get_ylim()[1], 1e-3))
+        ax.set_ylim(0, max(ax.get_ylim()[1], 1e-3) * 1.05)  # headroom: a flat line is not drawn on the frame
     ax.set_title(panel.title)
     ax.set_ylabel(panel.unit)
     ax.set_xlabel("step")
