@@ -30,7 +30,7 @@ from forge_nb.status import sizes_line, trainer_sizes
 
 JUDGE = ("verdicts_per_s", "latency_s")  # from "judge" rows: the judge's own throughput, and wait per call
 KINDS = ("step", "judge", "eval")  # the metrics stream's rows it draws
-# Curves drawn twice: each step's value, faint, and their moving average (`plots.EMA`), solid.
+# `plots.SMOOTHED` columns are drawn twice: each step's value, faint, and their moving average, solid.
 SMOOTH = " ema"  # a smoothed trace's meta: its column's name and this
 
 
@@ -101,7 +101,7 @@ class Dashboard:
             rows, self._pending = self._pending, []
         for row in rows:
             self._rows[row["kind"]].append(row)
-        panels = shown(self._rows)
+        panels = shown(self._rows) if rows else self._panels  # only new rows can bring a panel or series
         if panels != self._panels:
             self._rebuild(panels)
         elif rows:
