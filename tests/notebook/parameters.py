@@ -20,7 +20,7 @@ SUITE: dict[str, dict[str, object]] = {
     "04_weights_and_throughput.ipynb": {"STEPS": 30},
     "05_your_data_and_a_real_model.ipynb": {"STEPS": 1, "FIXED": 1, "HELDOUT": 30},
     "06_async_and_staleness.ipynb": {"SECONDS": 15},
-    "08_agents.ipynb": {"STEPS": 3, "TRIES": 1},
+    "08_agents.ipynb": {"STEPS": 3, "TRIES": 1, "HELDOUT": 30},
     "09_debugging_a_run.ipynb": {"GOOD": 20, "LIMIT": 30, "AFTER": 10, "JUDGED": 1, "LORA_STEPS": 3},
 }
 
