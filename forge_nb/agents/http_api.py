@@ -11,8 +11,9 @@ Requests are validated against the `openai` package's own parameter types
 dumped as JSON. A request without the endpoint's token gets 401, a closed or unknown trajectory 404,
 a malformed body 400, a call past a trajectory's limits 400 with ``code`` "max_turns" or "max_tokens":
 each in OpenAI's error shape ``{"error": {"message", "type", "param", "code"}}``, which the `openai`
-client raises as `AuthenticationError`, `NotFoundError`, `BadRequestError`. Streaming and ``n > 1``
-are refused (400): the trajectory records one whole completion per call.
+client raises as `AuthenticationError`, `NotFoundError`, `BadRequestError`. ``"stream": true`` is served as
+OpenAI's server-sent events of the whole completion (`agents.streaming`); ``n > 1`` is refused (400): the
+trajectory records one completion per call.
 """
 
 from __future__ import annotations
@@ -30,10 +31,10 @@ from openai.types.chat import completion_create_params as chat_params
 from openai.types.responses import response_create_params as response_params
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from forge_nb.agents import responses_api
+from forge_nb.agents import responses_api, streaming
 from forge_nb.agents.client import ConversationError, RolloutLimit
 
 Endpoint = Any  # `agents.endpoint.Endpoint` (not imported: it imports this module to serve)
@@ -42,7 +43,7 @@ MODEL = "forge_nb-policy"
 CHAT = pydantic.TypeAdapter(chat_params.CompletionCreateParamsNonStreaming)
 COMPLETION = pydantic.TypeAdapter(completion_params.CompletionCreateParamsNonStreaming)
 RESPONSE = pydantic.TypeAdapter(response_params.ResponseCreateParamsNonStreaming)
-Handler = Callable[[Request], Awaitable[JSONResponse]]
+Handler = Callable[[Request], Awaitable[Response]]
 
 
 class ApiError(Exception):
@@ -60,8 +61,8 @@ class ApiError(Exception):
 def make_app(endpoint: Endpoint) -> Starlette:
     """The Starlette app serving `endpoint`'s trajectories."""
 
-    def guarded(handler: Callable[[Request, Endpoint], Awaitable[JSONResponse]]) -> Handler:
-        async def serve(request: Request) -> JSONResponse:
+    def guarded(handler: Callable[[Request, Endpoint], Awaitable[Response]]) -> Handler:
+        async def serve(request: Request) -> Response:
             endpoint.requests += 1
             try:
                 _authorize(request, endpoint.token)
@@ -84,7 +85,7 @@ def make_app(endpoint: Endpoint) -> Starlette:
     )
 
 
-async def chat_completions(request: Request, endpoint: Endpoint) -> JSONResponse:
+async def chat_completions(request: Request, endpoint: Endpoint) -> Response:
     opened = _opened(request, endpoint)
     params = await _params(request, CHAT, opened)
     call = opened.client.create(
@@ -94,10 +95,13 @@ async def chat_completions(request: Request, endpoint: Endpoint) -> JSONResponse
         max_tokens=params.get("max_tokens") or params.get("max_completion_tokens"),
         **_sampling(params),
     )
-    return await _answer(endpoint, opened, call)
+    result = await _run(endpoint, opened, call)
+    if params.get("stream"):
+        return streaming.sse(streaming.chat_chunks(result, _include_usage(params)))
+    return _json(result)
 
 
-async def completions(request: Request, endpoint: Endpoint) -> JSONResponse:
+async def completions(request: Request, endpoint: Endpoint) -> Response:
     opened = _opened(request, endpoint)
     params = await _params(request, COMPLETION, opened)
     prompt = params["prompt"]
@@ -107,10 +111,13 @@ async def completions(request: Request, endpoint: Endpoint) -> JSONResponse:
             raise ApiError(400, "one prompt per call: a trajectory records one completion at a time")
         prompt = prompt[0]
     call = opened.client.complete(prompt, max_tokens=params.get("max_tokens"), **_sampling(params))
-    return await _answer(endpoint, opened, call)
+    result = await _run(endpoint, opened, call)
+    if params.get("stream"):
+        return streaming.sse(streaming.completion_chunks(result, _include_usage(params)))
+    return _json(result)
 
 
-async def responses(request: Request, endpoint: Endpoint) -> JSONResponse:
+async def responses(request: Request, endpoint: Endpoint) -> Response:
     opened = _opened(request, endpoint)
     params = await _params(request, RESPONSE, opened)
     try:
@@ -119,7 +126,10 @@ async def responses(request: Request, endpoint: Endpoint) -> JSONResponse:
         opened.client.trajectory.request_errors += 1
         raise ApiError(400, str(e)) from None
     chat = await _run(endpoint, opened, opened.client.create(**arguments))
-    return JSONResponse(responses_api.response_of(chat, params).model_dump(mode="json", exclude_none=True))
+    response = responses_api.response_of(chat, params)
+    if params.get("stream"):
+        return streaming.sse(streaming.response_events(response), named=True)
+    return _json(response)
 
 
 async def models(request: Request, endpoint: Endpoint) -> JSONResponse:
@@ -129,13 +139,16 @@ async def models(request: Request, endpoint: Endpoint) -> JSONResponse:
     return JSONResponse({"object": "list", "data": [model.model_dump(mode="json")]})
 
 
-async def _answer(endpoint: Endpoint, opened, call) -> JSONResponse:
-    """Run the call on its trajectory's loop -> the response as JSON, or an OpenAI-shaped error."""
-    result = await _run(endpoint, opened, call)
+def _json(result: pydantic.BaseModel) -> JSONResponse:
     return JSONResponse(result.model_dump(mode="json", exclude_none=True))
 
 
+def _include_usage(params: dict) -> bool:
+    return bool((params.get("stream_options") or {}).get("include_usage"))
+
+
 async def _run(endpoint: Endpoint, opened, call) -> Any:
+    """Run the call on its trajectory's loop -> its result, or an OpenAI-shaped error."""
     try:
         return await endpoint.run(opened, call)
     except RolloutLimit as e:
@@ -186,12 +199,14 @@ async def _validated(request: Request, adapter: pydantic.TypeAdapter) -> dict:
         raise ApiError(400, f"the body is not JSON: {e}") from None
     if not isinstance(body, dict):
         raise ApiError(400, "the body must be a JSON object")
-    if body.get("stream"):
-        raise ApiError(400, "stream=true is not served: each call returns its whole completion", code="stream")
+    stream = body.pop("stream", None)  # validated as the non-streaming params; answered as a stream
+    if stream not in (None, True, False):
+        raise ApiError(400, f"malformed request: stream must be true or false, not {stream!r}")
     try:
-        return _materialized(adapter.validate_python(body), "")
+        params = _materialized(adapter.validate_python(body), "")
     except pydantic.ValidationError as e:
         raise ApiError(400, f"malformed request: {_first_error(e)}") from None
+    return {**params, "stream": bool(stream)}
 
 
 def _materialized(value: Any, path: str) -> Any:

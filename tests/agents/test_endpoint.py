@@ -2,6 +2,7 @@
 against it; the token, malformed requests, closed trajectories, the raw completions route, the port."""
 
 import asyncio
+import json
 import socket
 
 import openai
@@ -11,10 +12,18 @@ import requests
 from forge_nb.agents.batching import GenerationBatcher
 from forge_nb.agents.client import AgentClient, Limits
 from forge_nb.agents.endpoint import Endpoint
+from forge_nb.agents.tools import tool_schema
 from forge_nb.agents.trajectory import Trajectory
 from tests.agents.conftest import ScriptedBackend, multiply
 
 CALL = '<tool_call>\n{"name": "multiply", "arguments": {"a": 6, "b": 7}}\n</tool_call>'
+RESPONSES_TOOL = {
+    "type": "function",
+    "name": "multiply",
+    "description": "Multiply two integers.",
+    "parameters": {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}},
+    "strict": False,
+}
 
 
 @pytest.fixture
@@ -69,10 +78,10 @@ def test_requests_without_the_token_or_to_a_closed_trajectory_are_refused(served
     [
         ({"model": "m"}, "messages"),
         ({"model": "m", "messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function"}]}, "tools"),
-        ({"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True}, "stream=true"),
+        ({"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": "yes"}, "stream must be"),
         ({"model": "m", "messages": [{"role": "user", "content": "hi"}], "n": 2}, "n=1"),
     ],
-    ids=["no-messages", "tool-without-function", "stream", "n"],
+    ids=["no-messages", "tool-without-function", "stream-not-bool", "n"],
 )
 def test_a_malformed_request_gets_openais_400_error_shape_and_records_nothing(served, body, says):
     endpoint, tid, trajectory, _ = served
@@ -137,3 +146,85 @@ def test_what_the_responses_route_cannot_serve_is_a_400_saying_what(served, body
     endpoint, tid, trajectory, _ = served
     response = post(endpoint, tid, "responses", body)
     assert response.status_code == 400 and says in response.json()["error"]["message"] and trajectory.turns == []
+
+
+def test_a_streamed_tool_loop_gets_the_unstreamed_answers_and_records_the_same_tokens(served):
+    """``stream=True`` on chat: the openai client's own stream helper puts the chunks together into the same
+    message, tool call and finish reason as without streaming; the usage chunk comes when asked for; the
+    trajectory extends turn by turn."""
+    endpoint, tid, trajectory, backend = served
+
+    async def loop():
+        client = endpoint.client(tid)
+        messages = [{"role": "user", "content": "What is 6 times 7?"}]
+        options = {"model": "any", "tools": [tool_schema(multiply)], "stream_options": {"include_usage": True}}
+        async with client.chat.completions.stream(messages=messages, **options) as stream:
+            first = await stream.get_final_completion()
+        call = first.choices[0].message.tool_calls[0]
+        messages += [first.choices[0].message, {"role": "tool", "tool_call_id": call.id, "content": "42"}]
+        chunks = [c async for c in await client.chat.completions.create(messages=messages, stream=True, **options)]
+        await client.close()
+        return first, call, chunks
+
+    first, call, chunks = asyncio.run(loop())
+    assert first.choices[0].finish_reason == "tool_calls" and call.function.name == "multiply"
+    assert call.function.arguments == '{"a": 6, "b": 7}' and first.usage.completion_tokens > 0
+    assert chunks[0].choices[0].delta.role == "assistant" and chunks[-2].choices[0].finish_reason == "stop"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "42"
+    usage = chunks[-1].usage  # the prompt as the backend saw it; "42" and the end of sequence
+    assert chunks[-1].choices == [] and (usage.prompt_tokens, usage.completion_tokens) == (
+        len(trajectory.last_prompt_ids()),
+        3,
+    )
+    assert [t.segment for t in trajectory.turns] == [0, 0]
+    assert trajectory.last_prompt_ids() == backend.batches[-1][0]
+
+
+def test_streamed_raw_completions_and_responses_end_as_openais_streams_do(served):
+    endpoint, tid, trajectory, _ = served
+    raw = post(endpoint, tid, "completions", {"model": "m", "prompt": "6 times 7 is", "stream": True})
+    lines = [line for line in raw.text.split("\n") if line]
+    assert raw.headers["content-type"].startswith("text/event-stream") and lines[-1] == "data: [DONE]"
+    assert json.loads(lines[0][len("data: ") :])["choices"][0]["text"] == CALL
+
+    async def respond():
+        client = endpoint.client(tid)
+        async with client.responses.stream(model="m", input="What is 6 times 7?", tools=[RESPONSES_TOOL]) as stream:
+            kinds = [event.type async for event in stream]
+            final = await stream.get_final_response()
+        await client.close()
+        return kinds, final
+
+    kinds, final = asyncio.run(respond())
+    assert kinds[:2] == ["response.created", "response.in_progress"] and kinds[-1] == "response.completed"
+    assert "response.function_call_arguments.delta" in kinds
+    assert [item.type for item in final.output] == ["function_call"] and final.output[0].name == "multiply"
+    assert len(trajectory.turns) == 2
+
+
+def test_the_agents_sdk_streams_a_tool_loop_on_either_model_kind(served):
+    """``Runner.run_streamed`` on the chat completions model and on the Responses model: the streamed events
+    end with the answer the run without streaming gets."""
+    from agents import (
+        Agent,
+        OpenAIChatCompletionsModel,
+        OpenAIResponsesModel,
+        Runner,
+        function_tool,
+        set_tracing_disabled,
+    )
+
+    set_tracing_disabled(True)
+    endpoint, tid, trajectory, _ = served
+
+    async def run(kind):
+        model = kind(model="forge_nb-policy", openai_client=endpoint.client(tid))
+        agent = Agent(name="calc", instructions="Use the tool.", tools=[function_tool(multiply)], model=model)
+        result = Runner.run_streamed(agent, "What is 6 times 7?", max_turns=3)
+        events = [event.type async for event in result.stream_events()]
+        return result.final_output, events
+
+    for kind, turns in ((OpenAIChatCompletionsModel, 2), (OpenAIResponsesModel, 4)):
+        final, events = asyncio.run(run(kind))
+        assert final == "42" and "raw_response_event" in events, kind
+        assert len(trajectory.turns) == turns and trajectory.tool_calls == 0  # the SDK ran the tool
