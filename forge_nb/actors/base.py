@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 import time
 from dataclasses import dataclass, field
 
-import torch
 from monarch.actor import Actor, endpoint
 
 from forge_nb import heap
@@ -30,12 +30,21 @@ class ActorInfo:
 
 
 def setup_proc(threads: int) -> None:
-    """Per-proc set-up every actor runs first: a torch thread budget, and no progress bars
-    (an actor's stdout is forwarded to the controller; bars would interleave there)."""
-    from transformers.utils import logging
+    """Per-proc set-up every actor runs first: a thread budget for torch and OpenMP, and no progress bars
+    (an actor's stdout is forwarded to the controller; bars would interleave there).
 
-    torch.set_num_threads(threads)
-    logging.disable_progress_bar()
+    A proc that has not imported torch or transformers by now (reward workers, the checker: rewards are
+    plain Python) does not import them for this -- 2-3 s of CPU a proc, at every start and respawn; the
+    environment tells them the same should user code import them later."""
+    os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"  # transformers' bars follow huggingface_hub's switch
+    if "torch" in sys.modules:
+        sys.modules["torch"].set_num_threads(threads)
+    else:
+        os.environ["OMP_NUM_THREADS"] = str(threads)  # torch takes its thread count from it when imported
+    if "transformers" in sys.modules:
+        from transformers.utils import logging
+
+        logging.disable_progress_bar()
 
 
 class _Started:

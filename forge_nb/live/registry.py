@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass, field
-
-import pandas as pd
+from typing import TYPE_CHECKING
 
 from forge_nb.live.capture import LiveCode
+
+if TYPE_CHECKING:
+    import pandas as pd  # imported where a table is made: not in every proc that imports this module
 
 
 @dataclass(frozen=True)
@@ -134,6 +136,8 @@ class Registry:
         return registry
 
     def to_pandas(self, kind: str | None = None) -> pd.DataFrame:
+        import pandas as pd
+
         rows = [
             {
                 "kind": r.kind,

@@ -20,13 +20,16 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 
 from forge_nb.rewards import weaver
 from forge_nb.rewards.forms import is_batched, keywords_for
 from forge_nb.rewards.prompt_text import as_text
+
+if TYPE_CHECKING:
+    import pandas as pd  # imported where a table is made: not in every proc that imports this module
 
 _RUNTIME = ("_history", "_fit", "_same")  # what a proc learns while scoring; never travels with the reward
 
@@ -84,6 +87,8 @@ class Ensemble:
         """The last fit, one row per verifier: estimated tpr, tnr and accuracy, the log-odds a vote of
         1 and of 0 adds, and which verifier it duplicates if it was left out (empty before the first
         batch). ``attrs``: the estimated share correct ("prior") and the window's size."""
+        import pandas as pd
+
         columns = ["verifier", "tpr", "tnr", "accuracy", "weight_yes", "weight_no", "duplicates"]
         fit = getattr(self, "_fit", None)
         if fit is None:

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import math
 import numbers
+import sys
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-import torch
 
 from forge_nb.checks import CheckFailed, describe_exception, short_repr
 from forge_nb.rewards.batch import RewardBatch, RewardSample, columns_of
@@ -19,9 +19,16 @@ from forge_nb.rewards.forms import by_name, is_batched, keywords_for
 from forge_nb.rewards.judge_client import JudgeUnavailable
 
 
+def _is_tensor(value: Any) -> bool:
+    """A torch tensor. torch is not imported for this: a reward proc runs plain Python, and a reward that
+    returns a tensor has imported torch."""
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(value, torch.Tensor)
+
+
 def check_reward_value(value: Any) -> float:
     """The reward value as a float, or `CheckFailed` saying why it is not one."""
-    if isinstance(value, torch.Tensor) and value.numel() == 1:
+    if _is_tensor(value) and value.numel() == 1:
         value = value.item()
     if not isinstance(value, numbers.Real):
         raise CheckFailed(f"returned {type(value).__name__} {short_repr(value)}; expected a float")
@@ -34,7 +41,7 @@ def check_reward_value(value: Any) -> float:
 def batch_values(values: Any, size: int) -> list:
     """A batched reward's output as one entry per sample: a float, or the `CheckFailed` of that
     sample's value. Anything but a sequence of `size` values is a `CheckFailed` for the whole batch."""
-    if isinstance(values, torch.Tensor | np.ndarray):
+    if isinstance(values, np.ndarray) or _is_tensor(values):
         values = values.tolist() if values.ndim == 1 else values
     if not isinstance(values, list | tuple) or len(values) != size:
         got = f"{len(values)} values" if isinstance(values, list | tuple) else f"{type(values).__name__}"

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from collections import deque
-
-import pandas as pd
+from typing import TYPE_CHECKING
 
 from forge_nb.rl.episode import Episode
+
+if TYPE_CHECKING:
+    import pandas as pd  # imported where a table is made: not in every proc that imports this module
 
 
 class DuplicateSample(ValueError):
@@ -53,5 +55,7 @@ class ReplayBuffer:
         return len(self._episodes)
 
     def to_pandas(self, n: int | None = None) -> pd.DataFrame:
+        import pandas as pd
+
         episodes = self.recent(n) if n is not None else list(self._episodes)
         return pd.DataFrame([e.row() for e in episodes])

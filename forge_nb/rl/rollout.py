@@ -17,8 +17,8 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import pandas as pd
 import torch
 
 from forge_nb.rewards.batch import RewardBatch, Scores
@@ -26,6 +26,9 @@ from forge_nb.rl.advantages import group_relative, informative_groups, overlong_
 from forge_nb.rl.completion import Completion
 from forge_nb.rl.episode import Episode
 from forge_nb.tasks.base import Problem
+
+if TYPE_CHECKING:
+    import pandas as pd  # imported where a table is made: not in every proc that imports this module
 
 
 class EmptyTrainBatch(ValueError):
@@ -98,6 +101,8 @@ class Rollout:
 
     def to_pandas(self) -> pd.DataFrame:
         """One row per sample: prompt, completion, target, reward, advantage, versions, ..."""
+        import pandas as pd
+
         return pd.DataFrame([e.row() for e in self.episodes])
 
     def __repr__(self) -> str:
