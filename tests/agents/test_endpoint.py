@@ -228,3 +228,25 @@ def test_the_agents_sdk_streams_a_tool_loop_on_either_model_kind(served):
         final, events = asyncio.run(run(kind))
         assert final == "42" and "raw_response_event" in events, kind
         assert len(trajectory.turns) == turns and trajectory.tool_calls == 0  # the SDK ran the tool
+
+
+def test_an_agent_without_tools_passes_the_openai_packages_omit_through(served):
+    """The Agents SDK sends ``tools=omit`` for an agent without tools (streamed or not): the rollout's
+    client passes the sentinel on instead of reading it as a list of functions."""
+    from agents import Agent, OpenAIChatCompletionsModel, Runner, set_tracing_disabled
+
+    set_tracing_disabled(True)
+    endpoint, tid, trajectory, _ = served
+
+    async def run():
+        model = OpenAIChatCompletionsModel(model="forge_nb-policy", openai_client=endpoint.client(tid))
+        result = Runner.run_streamed(Agent(name="plain", instructions="Answer.", model=model), "6 times 7?")
+        [event async for event in result.stream_events()]
+        direct = await endpoint.client(tid).chat.completions.create(
+            messages=[{"role": "user", "content": "6 times 7?"}], tools=openai.omit
+        )
+        return result.final_output, direct.choices[0].message
+
+    final, direct = asyncio.run(run())
+    assert CALL in final and direct.tool_calls is None and CALL in direct.content  # no tools: no calls parsed
+    assert len(trajectory.turns) == 2
