@@ -33,9 +33,9 @@ def setup_proc(threads: int) -> None:
     """Per-proc set-up every actor runs first: a thread budget for torch and OpenMP, and no progress bars
     (an actor's stdout is forwarded to the controller; bars would interleave there).
 
-    A proc that has not imported torch or transformers by now (reward workers, the checker: rewards are
-    plain Python) does not import them for this -- 2-3 s of CPU a proc, at every start and respawn; the
-    environment tells them the same should user code import them later."""
+    A proc that has not imported torch or transformers by now (a reward worker: rewards are plain Python;
+    the checker has torch, for losses, not transformers) does not import them for this -- 1-3 s of CPU a
+    proc, at every start and respawn; the environment tells them the same should user code import them later."""
     os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"  # transformers' bars follow huggingface_hub's switch
     if "torch" in sys.modules:
         sys.modules["torch"].set_num_threads(threads)
