@@ -28,16 +28,11 @@ TIMEOUT = httpx.Timeout(600.0, connect=10.0)
 
 class _Completions(AsyncCompletions):
     async def create(self, *, messages: Any, model: str = MODEL, tools: Any = None, **kwargs: Any) -> Any:
-        if _has_functions(tools):
+        if isinstance(tools, ToolSet | list | tuple):  # functions become their schemas; schemas stay as they are
             kwargs["tools"] = tool_schemas(tools)
-        elif tools is not None:  # schemas, or the openai package's `omit` / `NOT_GIVEN` (the Agents SDK's "no tools")
+        elif tools is not None:  # the openai package's `omit` / `NOT_GIVEN` (the Agents SDK's "no tools")
             kwargs["tools"] = tools
         return await super().create(messages=messages, model=model, **kwargs)
-
-
-def _has_functions(tools: Any) -> bool:
-    """A `ToolSet`, or a list with plain functions in it (their schemas are sent)."""
-    return isinstance(tools, ToolSet) or (isinstance(tools, list | tuple) and any(callable(t) for t in tools))
 
 
 class _Chat(AsyncChat):
