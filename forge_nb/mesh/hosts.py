@@ -82,6 +82,7 @@ class PlacedMesh(LocalMesh):
     hosts the placement plan gives it. `names` label the hosts, `addresses` are where each answers."""
 
     shares_cores = False  # other hosts: their workers keep their own environment
+    forks_procs = False  # procs start on other hosts' workers, where this host's fork server is not
 
     def __init__(self, placement: Placement | None) -> None:
         super().__init__(placement)

@@ -13,6 +13,7 @@ from monarch.actor import ProcMesh, default_bootstrap_cmd, this_host
 
 from forge_nb.mesh import quiet
 from forge_nb.mesh.calls import wait
+from forge_nb.mesh.forkserver import ForkServer
 from forge_nb.mesh.gang import start_gang
 from forge_nb.mesh.placement import Placement
 from forge_nb.mesh.supervision import FAULTS
@@ -41,12 +42,21 @@ class LocalMesh:
     with the environment the placement plan gives it (its GPUs: `mesh.placement`)."""
 
     shares_cores = True  # every proc on this host's cores (and the kernel's): `proc_env` applies
+    forks_procs = True  # procs fork from this mesh's `ForkServer` (this host's), not fresh interpreters
 
     def __init__(self, placement: Placement | None = None) -> None:
         quiet.route_native_output()  # before Monarch's first line and the first proc (which inherits it)
         self.proc_meshes: dict[str, ProcMesh] = {}
         self.placement = placement
         self.gangs: set[str] = set()  # roles spawned as a torch.distributed gang (respawned as one)
+        self.forks = ForkServer(proc_env()) if self._forks(placement) else None  # importing from here on
+
+    def _forks(self, placement: Placement | None) -> bool:
+        """Whether procs fork from a `ForkServer`: on a host without GPUs (a CUDA driver must not be
+        inherited: each GPU proc initialises its own, with its own ``CUDA_VISIBLE_DEVICES``, and its
+        start is small next to loading a model onto a GPU), unless ``FORGE_NB_FORK_PROCS=0``."""
+        gpus = placement is not None and any(host.gpus > 0 for host in placement.hosts)
+        return self.forks_procs and not gpus and os.environ.get("FORGE_NB_FORK_PROCS", "1") != "0"
 
     def host(self, role: str) -> Any:
         """The host mesh `role`'s procs start on: this host."""
@@ -66,17 +76,17 @@ class LocalMesh:
         return proc_mesh.spawn(role, actor_class, spec=spec)
 
     def _bootstrap(self, role: str) -> dict[str, Any]:
-        """spawn_procs' bootstrap command: each proc's environment (`proc_env` on shared cores, and the
-        placement's ``CUDA_VISIBLE_DEVICES`` / ``LOCAL_RANK`` of that proc)."""
+        """spawn_procs' bootstrap command: through this mesh's fork server when it has one, with each
+        proc's environment (`proc_env` on shared cores, and the placement's ``CUDA_VISIBLE_DEVICES`` /
+        ``LOCAL_RANK`` of that proc)."""
         env = proc_env() if self.shares_cores else {}
+        command = default_bootstrap_cmd()
+        if self.forks is not None:
+            command.args = self.forks.command_args()
         placement = self.placement
         if placement is None:
-            return {"bootstrap_command": default_bootstrap_cmd().with_env(env)} if env else {}
-        return {
-            "bootstrap_command": lambda point: default_bootstrap_cmd().with_env(
-                {**env, **placement.env(role, point.rank)}
-            )
-        }
+            return {"bootstrap_command": command.with_env(env)} if env or self.forks else {}
+        return {"bootstrap_command": lambda point: command.with_env({**env, **placement.env(role, point.rank)})}
 
     def master_addr(self, role: str) -> str | None:
         """Where `role`'s gang meets (its first proc's host): this host's loopback."""
@@ -120,6 +130,8 @@ class LocalMesh:
         except RuntimeError:  # at interpreter exit (the atexit hook) no pool takes work: one after the other
             errors = [e for e in map(stop, roles) if e]
         self.proc_meshes.clear()
+        if self.forks is not None:
+            self.forks.stop()
         return errors
 
 

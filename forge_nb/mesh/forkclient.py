@@ -1,0 +1,81 @@
+"""A local mesh's proc bootstrap command: ``python -m forge_nb.mesh.forkclient <socket> [module]``.
+
+Monarch's host agent starts this process as the proc and supervises it; it asks the session's
+`forkserver` (which has torch and transformers imported) for a child that runs the proc with this
+process's environment, directory and standard descriptors, forwards every signal it gets to that
+child, and exits as the child did. Without a server to answer (it did not start, or ended), it
+becomes the proc itself: ``exec`` of Monarch's proc main, the command Monarch runs by default.
+Imports nothing heavy: its own start is the whole cost of a proc's start here.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import sys
+import time
+
+from forge_nb.mesh.forkserver import BOOTSTRAP_MAIN, request  # light: the server module imports no torch
+
+CONNECT_TIMEOUT_S = 30.0  # the server binds its socket first thing; a slow start is the imports, after it
+FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
+
+
+def main(path: str, module: str = BOOTSTRAP_MAIN) -> None:
+    """Run `module` as ``__main__`` in a child of the server at `path` (itself, without a server)."""
+    conn = _connect(path)
+    if conn is None:
+        _exec_plain(module)
+    try:
+        socket.send_fds(conn, [request(dict(os.environ), os.getcwd(), module)], [0, 1, 2])
+        lines = conn.makefile("rb")
+        first = lines.readline().split()
+    except OSError:
+        first = []
+    if len(first) != 2 or first[0] != b"pid":
+        _exec_plain(module)  # the server ended before it forked: nothing started yet
+    child = int(first[1])
+    for sig in FORWARDED:
+        signal.signal(sig, lambda sig, _frame: _forward(child, sig))
+    _end_as(lines.readline().split())
+
+
+def _connect(path: str) -> socket.socket | None:
+    deadline = time.monotonic() + CONNECT_TIMEOUT_S
+    while True:
+        conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            conn.connect(path)
+            return conn
+        except OSError:
+            conn.close()
+            if not os.path.exists(os.path.dirname(path)) or time.monotonic() > deadline:
+                return None  # no server (its folder is gone), or it never listened
+            time.sleep(0.02)
+
+
+def _forward(child: int, sig: int) -> None:
+    try:
+        os.kill(child, sig)
+    except ProcessLookupError:
+        pass
+
+
+def _end_as(last: list[bytes]) -> None:
+    """Exit as the child did: "exit N" -> N, "signal N" -> killed by N (end of file: the server died
+    and cannot say; the child may still run, and its lifeline ends it when this process exits)."""
+    if len(last) == 2 and last[0] == b"signal":
+        sig = int(last[1])
+        if sig in FORWARDED:
+            signal.signal(sig, signal.SIG_DFL)  # (SIGKILL has no handler to reset)
+        os.kill(os.getpid(), sig)
+    sys.exit(int(last[1]) if len(last) == 2 and last[0] == b"exit" else 1)
+
+
+def _exec_plain(module: str) -> None:
+    os.execv(sys.executable, [sys.executable, "-m", module])
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:3])
