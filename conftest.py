@@ -38,6 +38,12 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 _bin = os.path.dirname(os.path.abspath(sys.executable))
 if _bin not in os.environ.get("PATH", "").split(os.pathsep):
     os.environ["PATH"] = _bin + os.pathsep + os.environ.get("PATH", "")
+# A worker's sessions fork their procs from one server (forge_nb/mesh/forkserver.py) that lingers between them,
+# not one per session: a session's start imported torch and transformers in a new server each time, ~3.7 s of
+# CPU, and the suite starts some 200 sessions on 2 cores. Outside the suite down() stops the server (linger 0);
+# the tests of that default set it back to 0 themselves. Kernels and subprocesses inherit it; each one's server
+# ends with it.
+os.environ.setdefault("FORGE_NB_FORK_LINGER_S", "900")
 if "FORGE_NB_RUNS" not in os.environ:
     os.environ["FORGE_NB_RUNS"] = _runs = tempfile.mkdtemp(prefix="forge_nb-runs-")
     atexit.register(shutil.rmtree, _runs, ignore_errors=True)

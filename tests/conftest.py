@@ -7,10 +7,14 @@ import time
 import psutil
 import pytest
 
+from forge_nb.mesh import forkserver
+
 
 def child_processes(exclude: frozenset[int] = frozenset()) -> list[psutil.Process]:
-    """Live (non-zombie) descendants of this test process, but for the pids in `exclude`."""
+    """Live (non-zombie) descendants of this test process, but for the pids in `exclude` and the idle fork
+    server that lingers for the next session (conftest.py; a proc it forked and left running still counts)."""
     alive = []
+    exclude = exclude | set(forkserver.idle_pids())
     for p in psutil.Process().children(recursive=True):
         try:
             if p.status() != psutil.STATUS_ZOMBIE and p.pid not in exclude:

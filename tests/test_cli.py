@@ -1,7 +1,7 @@
 import subprocess
 import sys
 
-import psutil
+from tests.conftest import child_processes
 
 CLI = [sys.executable, "-m", "forge_nb.cli"]
 
@@ -26,7 +26,7 @@ def test_demo_with_an_unknown_field_fails_fast_with_the_field_named():
     assert out.returncode != 0
     assert "unknown config field 'group_sise'; did you mean algorithm.group_size?" in out.stderr
     assert "Traceback" not in out.stderr
-    assert not [p for p in psutil.Process().children(recursive=True) if p.status() != psutil.STATUS_ZOMBIE]
+    assert child_processes() == []
 
 
 def test_bench_names_the_known_benchmarks_when_one_is_missing():

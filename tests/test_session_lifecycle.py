@@ -19,7 +19,8 @@ def test_rewards_are_sharded_over_several_reward_procs():
     assert wait_no_children() == []
 
 
-def test_down_leaves_no_child_process_and_is_idempotent():
+def test_down_leaves_no_child_process_and_is_idempotent(monkeypatch):
+    monkeypatch.setenv("FORGE_NB_FORK_LINGER_S", "0")  # the default outside the suite: down stops the fork server too
     s = forge_nb.up(prompts_per_step=2, group_size=2, threads_per_proc=1)
     pids = [p for ps in s.pids.values() for p in ps]
     assert {p.pid for p in child_processes()} >= set(pids)

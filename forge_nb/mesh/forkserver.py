@@ -75,13 +75,15 @@ class ForkServer:
     def __init__(self, env: dict[str, str] | None = None) -> None:
         """Start the server (returns at once; clients wait in the socket's backlog while it imports).
         `env`: variables on top of this process's that procs get (and the imports see)."""
+        self.env = {**os.environ, **(env or {})}
         self.folder = Path(tempfile.mkdtemp(prefix="forge_nb-forks-"))
         self.path = str(self.folder / "sock")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "forge_nb.mesh.forkserver", self.path],
             stdin=subprocess.PIPE,  # closed when this process ends, however it ends: the server exits then
-            env={**os.environ, **(env or {})},
+            env=self.env,
         )
+        self.expiry: threading.Timer | None = None  # while it lingers, idle (`release`)
 
     def command_args(self) -> list[str]:
         """Arguments (after the Python executable) of the bootstrap command that starts a proc here."""
@@ -99,6 +101,76 @@ class ForkServer:
         if self.proc.stdin is not None:
             self.proc.stdin.close()
         shutil.rmtree(self.folder, ignore_errors=True)
+
+
+# ---- one server between sessions: FORGE_NB_FORK_LINGER_S --------------------------------------------
+
+LINGER_ENV = "FORGE_NB_FORK_LINGER_S"
+_lock = threading.Lock()
+_idle: ForkServer | None = None  # the server a mesh gave back, lingering for the next one
+
+
+def acquire(env: dict[str, str]) -> ForkServer:
+    """A fork server for a mesh whose procs get `env` on top of this process's: the lingering one when it
+    started with exactly this environment (what its imports saw), else a new one."""
+    global _idle
+    with _lock:
+        idle, _idle = _idle, None
+    if idle is not None:
+        if idle.expiry is not None:
+            idle.expiry.cancel()
+        if idle.env == {**os.environ, **env} and idle.proc.poll() is None:
+            return idle
+        idle.stop()
+    return ForkServer(env)
+
+
+def release(server: ForkServer) -> None:
+    """The mesh that had `server` stopped: stop it, or, with ``FORGE_NB_FORK_LINGER_S`` > 0, keep it that
+    many seconds for the next session of this process (the suite's sessions, or a notebook's down and
+    up: one import of torch and transformers less each). It ends with this process either way."""
+    global _idle
+    linger = float(os.environ.get(LINGER_ENV) or 0)
+    if linger <= 0 or server.proc.poll() is not None:
+        server.stop()
+        return
+    server.expiry = threading.Timer(linger, _expire, (server,))
+    server.expiry.daemon = True
+    try:
+        server.expiry.start()
+    except RuntimeError:  # no new thread at interpreter exit (the mesh stopped by the atexit hook)
+        server.stop()
+        return
+    with _lock:
+        old, _idle = _idle, server
+    if old is not None:
+        old.stop()
+
+
+def idle_pids() -> list[int]:
+    """The pid of the lingering server, if one lingers (a no-process-left check leaves it out)."""
+    idle = _idle
+    return [idle.proc.pid] if idle is not None and idle.proc.poll() is None else []
+
+
+def _expire(server: ForkServer) -> None:
+    global _idle
+    with _lock:
+        if _idle is not server:
+            return  # taken again meanwhile
+        _idle = None
+    server.stop()
+
+
+def _stop_idle() -> None:
+    global _idle
+    with _lock:
+        idle, _idle = _idle, None
+    if idle is not None:
+        idle.stop()
+
+
+atexit.register(_stop_idle)
 
 
 # ---- the server process ---------------------------------------------------------------------------
@@ -221,6 +293,7 @@ def _become_proc(conn: socket.socket, got: dict, fds: list[int]) -> None:
     os.environ.clear()
     os.environ.update(got["env"])
     os.chdir(got["cwd"])
+    sys.path[0] = got["cwd"]  # as `python -m` in that directory puts it first (a lingering server started elsewhere)
     threading.Thread(target=_lifeline, args=(conn,), name="forge_nb-lifeline", daemon=True).start()
     sys.argv = [got["module"]]
     code: int | str | None = 0

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -11,9 +12,8 @@ from typing import Any
 import psutil
 from monarch.actor import ProcMesh, default_bootstrap_cmd, this_host
 
-from forge_nb.mesh import quiet
+from forge_nb.mesh import forkserver, quiet
 from forge_nb.mesh.calls import wait
-from forge_nb.mesh.forkserver import ForkServer
 from forge_nb.mesh.gang import start_gang
 from forge_nb.mesh.placement import Placement
 from forge_nb.mesh.supervision import FAULTS
@@ -49,14 +49,16 @@ class LocalMesh:
         self.proc_meshes: dict[str, ProcMesh] = {}
         self.placement = placement
         self.gangs: set[str] = set()  # roles spawned as a torch.distributed gang (respawned as one)
-        self.forks = ForkServer(proc_env()) if self._forks(placement) else None  # importing from here on
+        self.forks = forkserver.acquire(proc_env()) if self._forks(placement) else None  # importing from now
 
     def _forks(self, placement: Placement | None) -> bool:
-        """Whether procs fork from a `ForkServer`: on a host without GPUs (a CUDA driver must not be
+        """Whether procs fork from a `ForkServer`: on a Linux host without GPUs (a CUDA driver must not be
         inherited: each GPU proc initialises its own, with its own ``CUDA_VISIBLE_DEVICES``, and its
-        start is small next to loading a model onto a GPU), unless ``FORGE_NB_FORK_PROCS=0``."""
+        start is small next to loading a model onto a GPU; macOS's system libraries do not survive a
+        fork after they start), unless ``FORGE_NB_FORK_PROCS=0``."""
         gpus = placement is not None and any(host.gpus > 0 for host in placement.hosts)
-        return self.forks_procs and not gpus and os.environ.get("FORGE_NB_FORK_PROCS", "1") != "0"
+        wanted = os.environ.get("FORGE_NB_FORK_PROCS", "1") != "0"
+        return self.forks_procs and wanted and not gpus and sys.platform.startswith("linux")
 
     def host(self, role: str) -> Any:
         """The host mesh `role`'s procs start on: this host."""
@@ -130,8 +132,9 @@ class LocalMesh:
         except RuntimeError:  # at interpreter exit (the atexit hook) no pool takes work: one after the other
             errors = [e for e in map(stop, roles) if e]
         self.proc_meshes.clear()
-        if self.forks is not None:
-            self.forks.stop()
+        forks, self.forks = self.forks, None
+        if forks is not None:
+            forkserver.release(forks)
         return errors
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from forge_nb.mesh import forkserver
 from forge_nb.mesh.forkserver import ForkServer
 from tests.conftest import wait_gone
 
@@ -23,7 +24,7 @@ ROOT = Path(__file__).parents[2]
 
 @pytest.fixture(scope="module")
 def server():
-    forks = ForkServer()  # one for the module: it takes each test's client as it would each proc
+    forks = ForkServer({"PYTHONPATH": str(ROOT)})  # one for the module: it takes each test's client as a proc's
     yield forks
     forks.stop()
     assert not forks.folder.exists() and forks.proc.poll() is not None
@@ -101,3 +102,24 @@ def test_the_server_exits_when_the_process_that_started_it_is_gone(tmp_path):
     parent.wait(30)
     assert wait_gone([int(pid)], timeout=30) == []
     assert Path(folder.decode()).exists()  # (only stop() removes the folder; it is in the temp directory)
+
+
+def test_a_released_server_lingers_for_the_next_acquire_with_the_same_environment(monkeypatch):
+    monkeypatch.setenv(forkserver.LINGER_ENV, "60")
+    first = forkserver.acquire({"FORKED": "a"})
+    forkserver.release(first)
+    assert forkserver.idle_pids() == [first.proc.pid]
+    assert forkserver.acquire({"FORKED": "a"}) is first and forkserver.idle_pids() == []
+    forkserver.release(first)
+    second = forkserver.acquire({"FORKED": "b"})  # another environment: what the imports saw differs
+    assert second is not first and first.proc.poll() is not None and not first.folder.exists()
+    monkeypatch.setenv(forkserver.LINGER_ENV, "0.2")
+    forkserver.release(second)
+    assert wait_gone([second.proc.pid]) == [] and forkserver.idle_pids() == []
+
+
+def test_without_linger_a_released_server_stops(monkeypatch):
+    monkeypatch.setenv(forkserver.LINGER_ENV, "0")
+    forks = forkserver.acquire({})
+    forkserver.release(forks)
+    assert forks.proc.poll() is not None and forkserver.idle_pids() == []

@@ -24,3 +24,31 @@ def test_interpreter_exit_stops_the_mesh(tmp_path):
     assert len(pids) == 3
     alive = [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
     assert alive == []
+
+
+KILLED = textwrap.dedent(
+    """
+    import os, psutil, sys, forge_nb
+    if __name__ == "__main__":
+        s = forge_nb.up(prompts_per_step=2, group_size=2, threads_per_proc=1)
+        procs = {p.pid for p in psutil.Process().children(recursive=True)} | {p for ps in s.pids.values() for p in ps}
+        print(" ".join(str(p) for p in procs), flush=True)
+        sys.stdin.read()  # killed here, the mesh up: no atexit hook runs
+    """
+)
+
+
+def test_a_process_killed_with_its_mesh_up_leaves_no_process(tmp_path):
+    """SIGKILL to the process that holds a session: its procs, the fork server and the procs it forked
+    (which are not its descendants) all end by themselves."""
+    script = tmp_path / "killed.py"
+    script.write_text(KILLED)
+    holder = subprocess.Popen([sys.executable, str(script)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        pids = [int(p) for p in holder.stdout.readline().split()]
+        assert len(pids) >= 7, pids  # 3 actor procs, their 3 bootstrap clients, the fork server (and Monarch's)
+    finally:
+        holder.kill()
+        holder.wait(30)
+    gone, alive = psutil.wait_procs([psutil.Process(p) for p in pids if psutil.pid_exists(p)], timeout=60)
+    assert [p for p in alive if p.status() != psutil.STATUS_ZOMBIE] == []

@@ -83,6 +83,7 @@ def test_background_run_advances_while_other_cells_execute(kernel):
 def test_down_then_kernel_shutdown_leave_no_process():
     k = Kernel()
     try:
+        k.ok("import os; os.environ['FORGE_NB_FORK_LINGER_S'] = '0'")  # the default outside the suite
         k.ok("%load_ext forge_nb")
         k.ok(UP)
         assert len(_descendants(k.pid)) >= 3
