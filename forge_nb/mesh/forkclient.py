@@ -42,17 +42,22 @@ def main(path: str, module: str = BOOTSTRAP_MAIN) -> None:
 
 
 def _connect(path: str) -> socket.socket | None:
+    """A connection to the server at `path`, or None: its folder is gone, or no one listens there (a
+    server that died: refused for a second; one starting binds its socket within CONNECT_TIMEOUT_S)."""
     deadline = time.monotonic() + CONNECT_TIMEOUT_S
     while True:
         conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             conn.connect(path)
             return conn
+        except ConnectionRefusedError:  # the socket is there, no one listens (between bind and listen: briefly)
+            deadline = min(deadline, time.monotonic() + 1.0)
         except OSError:
-            conn.close()
-            if not os.path.exists(os.path.dirname(path)) or time.monotonic() > deadline:
-                return None  # no server (its folder is gone), or it never listened
-            time.sleep(0.02)
+            pass
+        conn.close()
+        if not os.path.exists(os.path.dirname(path)) or time.monotonic() > deadline:
+            return None
+        time.sleep(0.02)
 
 
 def _forward(child: int, sig: int) -> None:

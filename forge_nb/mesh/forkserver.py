@@ -106,23 +106,35 @@ class ForkServer:
 # ---- one server between sessions: FORGE_NB_FORK_LINGER_S --------------------------------------------
 
 LINGER_ENV = "FORGE_NB_FORK_LINGER_S"
+#: Variables the server's imports can read (thread pools, devices, caches, paths, the libraries' own switches):
+#: a lingering server serves a mesh only when these are as when it started. Others (PYTEST_CURRENT_TEST, a
+#: job's id) differ between sessions and matter only to the procs, which get the client's environment anyway.
+IMPORT_ENV_PREFIXES = (
+    "OMP_", "GOMP_", "KMP_", "MKL_", "OPENBLAS_", "TORCH", "PYTORCH_", "CUDA", "NCCL_", "NVIDIA_", "TRITON_",
+    "HF_", "HUGGINGFACE_", "TRANSFORMERS_", "TOKENIZERS_", "SAFETENSORS_", "PYTHON", "LD_", "VIRTUAL_ENV",
+    "PATH", "HOME", "TMPDIR", "XDG_",
+)  # fmt: skip
 _lock = threading.Lock()
 _idle: ForkServer | None = None  # the server a mesh gave back, lingering for the next one
 
 
 def acquire(env: dict[str, str]) -> ForkServer:
     """A fork server for a mesh whose procs get `env` on top of this process's: the lingering one when it
-    started with exactly this environment (what its imports saw), else a new one."""
+    started with the same `IMPORT_ENV_PREFIXES` variables (what its imports saw), else a new one."""
     global _idle
     with _lock:
         idle, _idle = _idle, None
     if idle is not None:
         if idle.expiry is not None:
             idle.expiry.cancel()
-        if idle.env == {**os.environ, **env} and idle.proc.poll() is None:
+        if _import_env(idle.env) == _import_env({**os.environ, **env}) and idle.proc.poll() is None:
             return idle
         idle.stop()
     return ForkServer(env)
+
+
+def _import_env(env: dict[str, str]) -> dict[str, str]:
+    return {k: v for k, v in env.items() if k.startswith(IMPORT_ENV_PREFIXES)}
 
 
 def release(server: ForkServer) -> None:

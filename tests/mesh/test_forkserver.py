@@ -111,7 +111,10 @@ def test_a_released_server_lingers_for_the_next_acquire_with_the_same_environmen
     assert forkserver.idle_pids() == [first.proc.pid]
     assert forkserver.acquire({"FORKED": "a"}) is first and forkserver.idle_pids() == []
     forkserver.release(first)
-    second = forkserver.acquire({"FORKED": "b"})  # another environment: what the imports saw differs
+    monkeypatch.setenv("PYTEST_CURRENT_TEST", "another")  # read by no import: the server still serves
+    assert forkserver.acquire({"FORKED": "a"}) is first
+    forkserver.release(first)
+    second = forkserver.acquire({"OMP_NUM_THREADS": "3"})  # read when torch loads: a new server
     assert second is not first and first.proc.poll() is not None and not first.folder.exists()
     monkeypatch.setenv(forkserver.LINGER_ENV, "0.2")
     forkserver.release(second)
@@ -123,3 +126,17 @@ def test_without_linger_a_released_server_stops(monkeypatch):
     forks = forkserver.acquire({})
     forkserver.release(forks)
     assert forks.proc.poll() is not None and forkserver.idle_pids() == []
+
+
+def test_a_client_whose_server_died_runs_the_module_itself_within_a_second(tmp_path):
+    dead = ForkServer({"PYTHONPATH": str(ROOT)})
+    while not Path(dead.path).exists():
+        time.sleep(0.02)
+    dead.proc.kill()  # its socket file stays, no one listens
+    dead.proc.wait()
+    start = time.monotonic()
+    proc = client(dead, tmp_path, FORKED="report", FOO="after")
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 3 and json.loads(out)["pid"] == proc.pid
+    assert time.monotonic() - start < 10
+    dead.stop()

@@ -6,6 +6,7 @@ here (each its own process group); the session runs them in procs (tests/weights
 import asyncio
 import dataclasses
 import threading
+import time
 
 import pytest
 import torch
@@ -67,12 +68,21 @@ def _refresh(receivers, version: int):
     return _in_threads(lambda: receive(0), lambda: receive(1)), loaded
 
 
+def _sent(sender, count: int = 1, timeout: float = 10.0) -> list[int]:
+    """The versions `sender` recorded as sent, once it has `count` (it records right after the broadcast
+    returns on its own thread, which can be after the receivers' have)."""
+    deadline = time.monotonic() + timeout
+    while len(sender.sent) < count and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return sender.sent
+
+
 def test_every_member_loads_the_broadcast_version(group):
     publisher, sender, receivers = group
     moved = {n: t * 2 for n, t in WEIGHTS.items()}
     publisher.publish(moved.items(), 1)
     reports, loaded = _refresh(receivers, 1)
-    assert [(r.version, r.transport) for r in reports] == [(1, "group"), (1, "group")] and sender.sent == [1]
+    assert [(r.version, r.transport) for r in reports] == [(1, "group"), (1, "group")] and _sent(sender) == [1]
     for got in loaded:
         assert all(torch.equal(got[n], moved[n]) for n in moved)
 
@@ -83,7 +93,7 @@ def test_a_snapshot_overwritten_since_is_refused_and_nothing_loads(group):
         publisher.publish(((n, t + version) for n, t in WEIGHTS.items()), version)
     reports, loaded = _refresh(receivers, 1)
     assert all(isinstance(r, RefreshError) and "held version 3" in str(r) for r in reports) and loaded == [{}, {}]
-    assert [r.version for r in receivers] == [0, 0] and sender.sent == [3]
+    assert [r.version for r in receivers] == [0, 0] and _sent(sender) == [3]
 
 
 def test_a_publish_into_the_buffer_being_sent_waits_for_the_send(group):
