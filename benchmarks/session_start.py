@@ -1,12 +1,17 @@
-"""Session start and stop: procs forked from the fork server against procs started as fresh interpreters.
+"""Session start and stop: procs started as fresh interpreters, forked from a fork server, and forked from
+a server that lingered from the session before.
 
-Both sides run the same session of the bundled model (generator, trainer, reward worker, checker; the
+Every side runs the same session of the bundled model (generator, trainer, reward worker, checker; the
 torch engine), `up()`, `--steps` synchronous steps, `down()`, in one process that ran a session before
-(as a kernel does its second `%forge up`, or a test worker its next test). The only difference is
-``FORGE_NB_FORK_PROCS`` (1: `forge_nb.mesh.forkserver`, 0: each proc imports torch and transformers
-itself). Sessions alternate between the two so machine noise hits both alike. "CPU" is the whole
-machine's busy time (/proc/stat) from before `up()` to after `down()`: every proc of the session,
-the server included, and anything else running then (run it on an idle machine).
+(as a kernel does its second `%forge up`, or a test worker its next test). Only the environment differs:
+"fresh" ``FORGE_NB_FORK_PROCS=0`` (each proc imports torch and transformers itself), "forked" the default
+(`forge_nb.mesh.forkserver`, one server a session, stopped at down), "lingering" with
+``FORGE_NB_FORK_LINGER_S=600`` (the server of the session before serves this one). "fresh" and "forked"
+sessions alternate so machine noise hits both alike; the lingering sessions run after them, as a block (a
+forked session would take the lingering server), after one that starts the server and is not counted.
+"cpu" is the whole machine's busy time (/proc/stat)
+from before `up()` to after `down()`: every proc of the session, the server included, and anything else
+running then (run it on an idle machine).
 
     python benchmarks/session_start.py [--sessions 5] [--steps 2]
 """
@@ -20,7 +25,7 @@ import time
 
 import forge_nb
 
-SIDES = {"forked": "1", "fresh": "0"}
+SIDES = {"fresh": ("0", "0"), "forked": ("1", "0"), "lingering": ("1", "600")}  # FORK_PROCS, FORK_LINGER_S
 SESSION = dict(prompts_per_step=4, group_size=4, engine="torch")
 
 
@@ -31,9 +36,9 @@ def busy_s() -> float:
     return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")  # less idle and iowait
 
 
-def one_session(fork: str, steps: int) -> dict[str, float]:
-    """up, `steps` steps, down with ``FORGE_NB_FORK_PROCS=fork`` -> seconds of each, and the machine's CPU."""
-    os.environ["FORGE_NB_FORK_PROCS"] = fork
+def one_session(side: tuple[str, str], steps: int) -> dict[str, float]:
+    """up, `steps` steps, down on `side` (its two variables) -> seconds of each, and the machine's CPU."""
+    os.environ["FORGE_NB_FORK_PROCS"], os.environ["FORGE_NB_FORK_LINGER_S"] = side
     cpu0, t0 = busy_s(), time.perf_counter()
     session = forge_nb.up(**SESSION)
     t1 = time.perf_counter()
@@ -49,21 +54,25 @@ def main() -> None:
     parser.add_argument("--sessions", type=int, default=5, help="sessions per side")
     parser.add_argument("--steps", type=int, default=2)
     args = parser.parse_args()
-    one_session("1", 1)  # warm-up: this process imports what a kernel has imported after its first session
+    one_session(SIDES["fresh"], 1)  # warm-up: this process imports what a kernel has after its first session
     runs: dict[str, list[dict[str, float]]] = {side: [] for side in SIDES}
     for _ in range(args.sessions):
-        for side, fork in SIDES.items():
-            runs[side].append(one_session(fork, args.steps))
+        for side in ("fresh", "forked"):
+            runs[side].append(one_session(SIDES[side], args.steps))
+    one_session(SIDES["lingering"], args.steps)  # starts the server the lingering sessions find
+    runs["lingering"] = [one_session(SIDES["lingering"], args.steps) for _ in range(args.sessions)]
     print(f"\nsession of the bundled model, up + {args.steps} steps + down; n = {args.sessions} sessions a side")
-    print(f"{'seconds':<8}" + "".join(f"{side + ' (mean ± sd)':>22}" for side in SIDES) + f"{'fresh / forked':>16}")
+    header = "".join(f"{side + ' (mean ± sd)':>24}" for side in SIDES)
+    print(f"{'seconds':<8}{header}{'fresh / forked':>16}{'fresh / lingering':>19}")
     for what in ("up", "steps", "down", "cpu"):
         cells, means = "", []
         for side in SIDES:
             values = [r[what] for r in runs[side]]
             means.append(statistics.mean(values))
-            cells += f"{means[-1]:>13.2f} ± {statistics.stdev(values) if len(values) > 1 else 0.0:<6.2f}"
-        print(f"{what:<8}{cells}{means[1] / means[0]:>15.2f}x")
-    os.environ.pop("FORGE_NB_FORK_PROCS")
+            cells += f"{means[-1]:>15.2f} ± {statistics.stdev(values) if len(values) > 1 else 0.0:<6.2f}"
+        print(f"{what:<8}{cells}{means[0] / means[1]:>15.2f}x{means[0] / means[2]:>18.2f}x")
+    for name in ("FORGE_NB_FORK_PROCS", "FORGE_NB_FORK_LINGER_S"):
+        os.environ.pop(name)
 
 
 if __name__ == "__main__":

@@ -19,12 +19,15 @@ loading the model. The heap the server imported is frozen before the first fork 
 as multiprocessing's forked children do: a collection over it, or the interpreter's teardown of it,
 would write to every inherited page (copy on write: 0.5 s to start and 1.2 s to stop a proc, measured).
 
-Measured on this repository's 2-core machine, a session of the bundled model (generator, trainer,
-reward worker, checker) in a process that has run one before: `up()` 5.8 -> 4.8 s, `down()` 1.5 ->
-0.6 s, and the machine's CPU time for up + 2 steps + down 14.1 -> 6.2 s.
+`benchmarks/session_start.py` on this repository's 2-core machine, a session of the bundled model
+(generator, trainer, reward worker, checker) in a process that ran one before, n = 5 a side: `up()`
+6.36 +- 0.31 s fresh, 5.08 +- 0.08 forked, 1.17 +- 0.08 from a lingering server; `down()` 1.65 -> 0.57
+-> 0.43 s; the machine's CPU for up + 2 steps + down 15.4 -> 6.6 -> 2.6 s.
 
-The server belongs to one `LocalMesh` (one session): `ForkServer.stop` ends it with the mesh, and it
-exits by itself when its standard input closes (the kernel that started it is gone).
+The server belongs to one `LocalMesh` (one session): `release` stops it with the mesh, unless
+``FORGE_NB_FORK_LINGER_S`` keeps it that many seconds for the process's next session (`acquire`: a
+notebook's down and up, the test suite's sessions; then `up()` imports nothing). It exits by itself when
+its standard input closes (the process that started it is gone, however it ended).
 """
 
 from __future__ import annotations
