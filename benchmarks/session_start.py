@@ -9,9 +9,8 @@ torch engine), `up()`, `--steps` synchronous steps, `down()`, in one process tha
 ``FORGE_NB_FORK_LINGER_S=600`` (the server of the session before serves this one). "fresh" and "forked"
 sessions alternate so machine noise hits both alike; the lingering sessions run after them, as a block (a
 forked session would take the lingering server), after one that starts the server and is not counted.
-"cpu" is the whole machine's busy time (/proc/stat)
-from before `up()` to after `down()`: every proc of the session, the server included, and anything else
-running then (run it on an idle machine).
+"cpu" is the whole machine's busy time (/proc/stat) from before `up()` to after `down()`: every proc of the
+session, the server included, and anything else running then (run it on an idle machine).
 
     python benchmarks/session_start.py [--sessions 5] [--steps 2]
 """

@@ -212,7 +212,7 @@ def serve(path: str) -> Callable[[], None] | None:
     signal.set_wakeup_fd(wake_w.fileno())
     signal.signal(signal.SIGCHLD, lambda *_: None)  # a child ended: the wakeup socket says so
     signal.signal(signal.SIGTERM, lambda *_: None)  # ends the loop through the wakeup socket
-    stopping = []
+    stopping = False
     selector = selectors.DefaultSelector()
     selector.register(listener, selectors.EVENT_READ, "accept")
     selector.register(wake_r, selectors.EVENT_READ, "wake")
@@ -221,12 +221,10 @@ def serve(path: str) -> Callable[[], None] | None:
     while not stopping:
         for key, _ in selector.select():
             if key.data == "stdin" and not os.read(sys.stdin.fileno(), 4096):
-                stopping.append("stdin closed")
-                selector.unregister(sys.stdin.fileno())
+                stopping = True  # the process that started this one is gone
             elif key.data == "wake":
                 signals = wake_r.recv(4096)
-                if signal.SIGTERM in signals:
-                    stopping.append("SIGTERM")
+                stopping = stopping or signal.SIGTERM in signals
                 _reap(clients)
             elif key.data == "accept":
                 conn, _ = listener.accept()
