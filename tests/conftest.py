@@ -24,6 +24,27 @@ def child_processes(exclude: frozenset[int] = frozenset()) -> list[psutil.Proces
     return alive
 
 
+def worker_fork_servers(worker: int) -> list[int]:
+    """The fork servers of the host worker with pid `worker` (`forge_nb.mesh.workerforks`: they live as long
+    as it does), not the procs they forked (which carry the same command line)."""
+    found = {}
+    for p in psutil.process_iter(["cmdline", "ppid"]):
+        line = p.info["cmdline"] or []
+        if "forge_nb.mesh.forkserver" in line and line[-2:] == ["--watch", str(worker)]:
+            found[p.pid] = p.info["ppid"]
+    return [pid for pid, parent in found.items() if parent not in found]
+
+
+def forked_roles(status: dict, roles: tuple[str, ...] = ("trainer", "generator", "reward")) -> dict[str, bool]:
+    """Each of `roles` of a session's `status()` -> whether all its procs were forked from a fork server
+    (a forked proc carries the server's command line)."""
+    forked: dict[str, bool] = {}
+    for r in status["placement"]:
+        here = "forge_nb.mesh.forkserver" in psutil.Process(r["pid"]).cmdline()
+        forked[r["role"]] = forked.get(r["role"], True) and here
+    return {role: forked[role] for role in roles}
+
+
 def wait_gone(pids: list[int], timeout: float = 10.0) -> list[int]:
     """Wait up to `timeout` s for the processes `pids` (children or not) to exit -> those still alive."""
     deadline = time.monotonic() + timeout

@@ -1,10 +1,12 @@
-"""A local mesh's proc bootstrap command: ``python -m forge_nb.mesh.forkclient <socket> [module]``.
+"""A proc's bootstrap command: ``python -m forge_nb.mesh.forkclient <socket>|--worker [module]``.
 
 Monarch's host agent starts this process as the proc and supervises it; it asks the session's
 `forkserver` (which has torch and transformers imported) for a child that runs the proc with this
 process's environment, directory and standard descriptors, forwards every signal it gets to that
 child, and exits as the child did. Without a server to answer (it did not start, or ended), it
 becomes the proc itself: ``exec`` of Monarch's proc main, the command Monarch runs by default.
+A local mesh names its session's server's socket; a mesh over several hosts says ``--worker``: the
+server of the host's worker that started this process (`workerforks`), which the first proc starts.
 Imports nothing heavy: its own start is the whole cost of a proc's start here.
 """
 
@@ -16,6 +18,7 @@ import socket
 import sys
 import time
 
+from forge_nb.mesh import workerforks
 from forge_nb.mesh.forkserver import BOOTSTRAP_MAIN, request  # light: the server module imports no torch
 
 CONNECT_TIMEOUT_S = 30.0  # the server binds its socket first thing; a slow start is the imports, after it
@@ -23,8 +26,10 @@ FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signa
 
 
 def main(path: str, module: str = BOOTSTRAP_MAIN) -> None:
-    """Run `module` as ``__main__`` in a child of the server at `path` (itself, without a server)."""
-    conn = _connect(path)
+    """Run `module` as ``__main__`` in a child of the server at `path` (itself, without a server); `path`
+    ``--worker``: the server of the host worker that started this process (`workerforks`: started now
+    if it has none)."""
+    conn = _connect(path) if path != workerforks.FLAG else _worker_server()
     if conn is None:
         _exec_plain(module)
     try:
@@ -58,6 +63,15 @@ def _connect(path: str) -> socket.socket | None:
         if not os.path.exists(os.path.dirname(path)) or time.monotonic() > deadline:
             return None
         time.sleep(0.02)
+
+
+def _worker_server() -> socket.socket | None:
+    if not sys.platform.startswith("linux"):
+        return None  # fork after the imports is tested on Linux only (a macOS host's libraries do not survive it)
+    try:
+        return workerforks.connect(os.getppid())
+    except OSError:
+        return None
 
 
 def _forward(child: int, sig: int) -> None:

@@ -27,7 +27,9 @@ would write to every inherited page (copy on write: 0.5 s to start and 1.2 s to 
 The server belongs to one `LocalMesh` (one session): `release` stops it with the mesh, unless
 ``FORGE_NB_FORK_LINGER_S`` keeps it that many seconds for the process's next session (`acquire`: a
 notebook's down and up, the test suite's sessions; then `up()` imports nothing). It exits by itself when
-its standard input closes (the process that started it is gone, however it ended).
+its standard input closes (the process that started it is gone, however it ended). A host worker's server
+(`forge_nb.mesh.workerforks`, meshes over several hosts) is this program too, started by the worker's
+first proc on a socket that proc bound (``--fd``); it exits when the worker does (``--watch``).
 """
 
 from __future__ import annotations
@@ -130,13 +132,14 @@ def acquire(env: dict[str, str]) -> ForkServer:
     if idle is not None:
         if idle.expiry is not None:
             idle.expiry.cancel()
-        if _import_env(idle.env) == _import_env({**os.environ, **env}) and idle.proc.poll() is None:
+        if import_env(idle.env) == import_env({**os.environ, **env}) and idle.proc.poll() is None:
             return idle
         idle.stop()
     return ForkServer(env)
 
 
-def _import_env(env: dict[str, str]) -> dict[str, str]:
+def import_env(env: dict[str, str]) -> dict[str, str]:
+    """The variables of `env` that the server's imports can read (`IMPORT_ENV_PREFIXES`)."""
     return {k: v for k, v in env.items() if k.startswith(IMPORT_ENV_PREFIXES)}
 
 
@@ -191,12 +194,18 @@ atexit.register(_stop_idle)
 # ---- the server process ---------------------------------------------------------------------------
 
 
-def serve(path: str) -> Callable[[], None] | None:
-    """Listen at `path`, import `PRELOAD`, fork a proc per request -> in a forked child, the function
-    that runs the proc; in the server, None once its standard input closes or it is told to stop."""
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listener.bind(path)
-    listener.listen(64)  # clients that come during the imports wait here
+def serve(path: str, fd: int | None = None, watch: int | None = None) -> Callable[[], None] | None:
+    """Listen at `path` (or on the listening socket `fd`, bound there by the client that started this
+    server), import `PRELOAD`, fork a proc per request -> in a forked child, the function that runs the
+    proc; in the server, None once it is told to stop, or its standard input closes (`watch` None: the
+    kernel that started it is gone), or the process `watch` (a host's worker) has ended."""
+    if fd is None:
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        listener.bind(path)
+        listener.listen(64)  # clients that come during the imports wait here
+    else:
+        listener = socket.socket(fileno=fd)
+    watched = os.pidfd_open(watch) if watch is not None else None  # readable once that process ended
     for name in PRELOAD:
         try:
             __import__(name)
@@ -216,12 +225,15 @@ def serve(path: str) -> Callable[[], None] | None:
     selector = selectors.DefaultSelector()
     selector.register(listener, selectors.EVENT_READ, "accept")
     selector.register(wake_r, selectors.EVENT_READ, "wake")
-    selector.register(sys.stdin.fileno(), selectors.EVENT_READ, "stdin")
+    if watched is None:
+        selector.register(sys.stdin.fileno(), selectors.EVENT_READ, "stdin")
+    else:
+        selector.register(watched, selectors.EVENT_READ, "watched")
     clients: dict[int, socket.socket] = {}  # child pid -> its client's connection
     while not stopping:
         for key, _ in selector.select():
-            if key.data == "stdin" and not os.read(sys.stdin.fileno(), 4096):
-                stopping = True  # the process that started this one is gone
+            if key.data == "stdin" and not os.read(sys.stdin.fileno(), 4096) or key.data == "watched":
+                stopping = True  # the process that started this one (or the worker it serves) is gone
             elif key.data == "wake":
                 signals = wake_r.recv(4096)
                 stopping = stopping or signal.SIGTERM in signals
@@ -238,6 +250,8 @@ def serve(path: str) -> Callable[[], None] | None:
                     selector.close()
                     for other in (listener, wake_r, wake_w, *clients.values()):
                         other.close()
+                    if watched is not None:
+                        os.close(watched)
                     return lambda: _become_proc(conn, *got)
                 for fd in got[1]:  # the child's now; kept here, a client's pipes would never see end of file
                     os.close(fd)
@@ -348,9 +362,21 @@ def _lifeline(conn: socket.socket) -> None:
 
 
 def main() -> None:
-    run = serve(sys.argv[1])
+    """``python -m forge_nb.mesh.forkserver PATH [--fd N --watch PID]``: a kernel's server (`ForkServer`)
+    or a worker's (`forge_nb.mesh.workerforks`, which removes its socket when it ends)."""
+    path, options = sys.argv[1], dict(zip(sys.argv[2::2], map(int, sys.argv[3::2])))
+    watch = options.get("--watch")
+    try:
+        run = serve(path, options.get("--fd"), watch)
+    except OSError:  # the worker ended before this server watched it
+        run = None
     if run is not None:
         run()
+    for left in (path, path + ".lock") if watch is not None else ():  # a worker's: nothing else removes them
+        try:
+            os.unlink(left)
+        except OSError:
+            pass
     # The server: nothing to tear down (it ran no code but imports); a teardown of the frozen heap would
     # print extension modules' "leaked" counts (triton's nanobind) and take a second.
     os._exit(0)

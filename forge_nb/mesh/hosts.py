@@ -17,6 +17,7 @@ call, so a hosts session must be the first Monarch use of its kernel (`HostsErro
 
 from __future__ import annotations
 
+import os
 import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -25,7 +26,7 @@ from urllib.parse import urlparse
 
 from monarch.actor import attach_to_workers, enable_transport
 
-from forge_nb.mesh import calls
+from forge_nb.mesh import calls, workerforks
 from forge_nb.mesh.calls import wait
 from forge_nb.mesh.local import STOP_TIMEOUT_S, LocalMesh
 from forge_nb.mesh.placement import Placement
@@ -77,12 +78,17 @@ def answers(address: str, port: int, timeout: float = PROBE_TIMEOUT_S) -> bool:
         return False
 
 
+#: Roles whose procs import no torch (the reward workers: 0.16 s to import their actor, against ~3 s for torch and
+#: transformers, which an env proc's actor imports) and start as fresh interpreters on a host's worker.
+LIGHT_ROLES = ("reward",)
+
+
 class PlacedMesh(LocalMesh):
     """`LocalMesh` over several hosts (`hosts`, one Monarch host mesh): each role's procs start on the
     hosts the placement plan gives it. `names` label the hosts, `addresses` are where each answers."""
 
     shares_cores = False  # other hosts: their workers keep their own environment
-    forks_procs = False  # procs start on other hosts' workers, where this host's fork server is not
+    forks_procs = False  # procs start on the hosts' workers: each fork from its worker's server (`fork_args`)
 
     def __init__(self, placement: Placement | None) -> None:
         super().__init__(placement)
@@ -98,6 +104,17 @@ class PlacedMesh(LocalMesh):
     def host_indices(self, role: str, procs: int) -> list[int]:
         """The hosts `role`'s `procs` procs start on (one entry per proc, host-major: the plan's)."""
         return self.placement.host_indices(role, procs)
+
+    def fork_args(self, role: str) -> list[str]:
+        """`role`'s procs fork from their host worker's server (`workerforks`: one per worker, started by
+        the first proc that asks, kept while the worker runs) on hosts without GPUs, as a local mesh's
+        procs do (`LocalMesh._forks`), unless ``FORGE_NB_FORK_PROCS=0``. Not the roles that import no
+        torch (`LIGHT_ROLES`): alone on a host, one would start a server only to import what it never uses."""
+        gpus = any(self.placement.hosts[h].gpus > 0 for h in self.placement.host_indices(role))
+        off = os.environ.get("FORGE_NB_FORK_PROCS", "1") == "0"
+        if gpus or off or role.split("-")[0] in LIGHT_ROLES:
+            return []
+        return ["-m", "forge_nb.mesh.forkclient", workerforks.FLAG]
 
     def master_addr(self, role: str) -> str | None:
         """Where `role`'s gang meets: the address of its first proc's host (which the other hosts reach)."""

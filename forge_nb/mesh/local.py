@@ -83,12 +83,18 @@ class LocalMesh:
         ``LOCAL_RANK`` of that proc)."""
         env = proc_env() if self.shares_cores else {}
         command = default_bootstrap_cmd()
-        if self.forks is not None:
-            command.args = self.forks.command_args()
+        forks = self.fork_args(role)
+        if forks:
+            command.args = forks
         placement = self.placement
         if placement is None:
-            return {"bootstrap_command": command.with_env(env)} if env or self.forks else {}
+            return {"bootstrap_command": command.with_env(env)} if env or forks else {}
         return {"bootstrap_command": lambda point: command.with_env({**env, **placement.env(role, point.rank)})}
+
+    def fork_args(self, role: str) -> list[str]:
+        """The bootstrap command's arguments (after the Python executable) when `role`'s procs fork from a
+        server: this mesh's (`ForkServer`), if it has one."""
+        return self.forks.command_args() if self.forks is not None else []
 
     def master_addr(self, role: str) -> str | None:
         """Where `role`'s gang meets (its first proc's host): this host's loopback."""

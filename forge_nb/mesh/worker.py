@@ -2,7 +2,9 @@
 
 ADDRESS is the one the kernel dials (and the worker binds): this host's address on the network the
 hosts share. The worker waits for a kernel to attach, runs the procs that kernel spawns here, and when
-that kernel goes away stops them and waits for the next one; stop the worker itself with a signal.
+that kernel goes away stops them and waits for the next one; stop the worker itself with a signal. On a
+host without GPUs the procs of every role but the reward workers fork from this worker's fork server,
+which the first of them starts and which ends with the worker (`forge_nb.mesh.workerforks`).
 """
 
 from __future__ import annotations

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from forge_nb.tools import netns_hosts
+from tests.conftest import forked_roles, worker_fork_servers
 from tests.notebook.kernel import Kernel
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -51,7 +52,8 @@ def net():
 @pytest.fixture(scope="module")
 def kernel(net):
     """A real kernel holding a session across the three hosts (trainer, generator, reward procs on h1, h2,
-    h3); at the end `%forge down` must leave no proc on any host but its worker."""
+    h3); at the end `%forge down` must leave no proc on any host but its worker (and the worker's fork server,
+    which lives as long as the worker: `forge_nb.mesh.workerforks`)."""
     hosts, workers = net
     k = Kernel()
     try:
@@ -76,7 +78,7 @@ def _assert_only_workers_left(hosts, workers) -> None:
     deadline = time.monotonic() + 20
     while True:
         inside = {h.netns: set(netns_hosts.pids_inside(h.netns)) for h in hosts.hosts}
-        left = {ns: pids - {w.pid} for (ns, pids), w in zip(inside.items(), workers)}
+        left = {ns: pids - {w.pid, *worker_fork_servers(w.pid)} for (ns, pids), w in zip(inside.items(), workers)}
         if not any(left.values()) or time.monotonic() > deadline:
             break
         time.sleep(0.2)
@@ -89,6 +91,9 @@ def test_session_across_three_hosts_steps_and_refreshes(net, kernel):
     placed = {role: status["hosts"][role][0].split(":")[0] for role in ("trainer", "generator", "reward")}
     assert placed == {"trainer": hosts.hosts[0].ip, "generator": hosts.hosts[1].ip, "reward": hosts.hosts[2].ip}
     assert status["weights_transport"] == "tcp"
+    # Each worker forked the trainer's and the generator's procs from its fork server; the reward worker
+    # (no torch) started fresh (`PlacedMesh.fork_args`).
+    assert forked_roles(status) == {"trainer": True, "generator": True, "reward": False}
     version = kernel.json("s.trainer_version")
     kernel.ok("%forge step 2", timeout=300)
     sums = kernel.json("s.checksums()")

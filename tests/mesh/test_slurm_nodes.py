@@ -20,7 +20,7 @@ from forge_nb.export import export_config
 from forge_nb.mesh.hosts import HostLost
 from forge_nb.session import SessionError
 from forge_nb.tools import netns_hosts
-from tests.conftest import wait_no_children
+from tests.conftest import forked_roles, wait_no_children
 from tests.fresh import in_fresh_process
 from tests.notebook.kernel import Kernel
 from tests.slurm_cluster import queued_jobs
@@ -85,6 +85,9 @@ def test_forge_up_slurm_three_nodes_trainer_gang_over_two_generator_on_the_third
         seen = {(r["role"], r["host"], uts_hostname(r["pid"])) for r in status["placement"]}
         assert all(planned == real for _, planned, real in seen), seen
         assert {(role, host) for role, host, _ in seen} >= {("trainer", "fnode1"), ("trainer", "fnode2")}
+        # The trainer's and the generator's procs forked from their node's worker's fork server (its first
+        # proc started it, in the job step); the reward worker started fresh.
+        assert forked_roles(status) == {"trainer": True, "generator": True, "reward": False}
         assert k.json("s.step(2)['policy_version'].tolist()") == [1, 2]
         sums = k.json("s.checksums()")
         # The generator on fnode3 serves what both trainer ranks hold, put together from their shards.

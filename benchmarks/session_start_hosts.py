@@ -1,0 +1,92 @@
+"""Session start and stop on a mesh over hosts' workers: procs started fresh by each worker against procs
+forked from the worker's own fork server (`forge_nb.mesh.workerforks`), which lives as long as the worker.
+
+Three workers (``python -m forge_nb.mesh.worker``) on this machine's loopback, at three ports, stand in for
+three hosts (the network between them is not what is measured). Every session is the same: the bundled
+model, the trainer a gang of 2 procs on the first host, the generator on the second, the reward worker and
+the checker on the third (`mesh.kind="hosts"`, as tests/mesh/test_hosts.py), `up()`, `--steps` synchronous
+steps, `down()`, all in this process (a hosts session must be its process's first Monarch use). Only
+``FORGE_NB_FORK_PROCS`` differs: "fresh" 0 (each proc imports torch and transformers itself), "forked" the
+default. The first forked session starts each worker's server (shown alone, "forked, first"); the next ones
+find it, as a notebook's next `%forge up` on the same workers does. "fresh" and "forked" sessions alternate.
+"cpu" is the whole machine's busy time from before `up()` to after `down()` (run it on an idle machine).
+
+    python benchmarks/session_start_hosts.py [--sessions 5] [--steps 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+from session_start import busy_s
+
+import forge_nb
+from forge_nb.mesh.hosts import answers
+
+PORTS = (29811, 29812, 29813)
+SESSION = {"mesh.kind": "hosts", "trainer_procs": 2, "prompts_per_step": 4, "group_size": 4, "engine": "torch"}
+
+
+def start_workers() -> list[subprocess.Popen]:
+    """One worker per port, each answering before this returns."""
+    workers = [
+        subprocess.Popen([sys.executable, "-m", "forge_nb.mesh.worker", f"tcp://127.0.0.1:{port}"]) for port in PORTS
+    ]
+    deadline = time.monotonic() + 60
+    while not all(answers("127.0.0.1", port, 0.5) for port in PORTS):
+        if time.monotonic() > deadline:
+            raise RuntimeError("the workers did not start in 60 s")
+        time.sleep(0.2)
+    return workers
+
+
+def one_session(fork: str, steps: int) -> dict[str, float]:
+    """up, `steps` steps, down with ``FORGE_NB_FORK_PROCS=fork`` -> seconds of each, and the machine's CPU."""
+    os.environ["FORGE_NB_FORK_PROCS"] = fork
+    hosts = [f"tcp://127.0.0.1:{port}" for port in PORTS]
+    cpu0, t0 = busy_s(), time.perf_counter()
+    session = forge_nb.up(**SESSION, **{"mesh.hosts": hosts})
+    t1 = time.perf_counter()
+    session.step(steps)
+    t2 = time.perf_counter()
+    session.down()
+    t3 = time.perf_counter()
+    return {"up": t1 - t0, "steps": t2 - t1, "down": t3 - t2, "cpu": busy_s() - cpu0}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sessions", type=int, default=5, help="sessions per side")
+    parser.add_argument("--steps", type=int, default=2)
+    args = parser.parse_args()
+    workers = start_workers()
+    try:
+        one_session("0", 1)  # warm-up: this process imports what a kernel has after its first session
+        runs: dict[str, list[dict[str, float]]] = {"fresh": [], "forked, first": [], "forked": []}
+        runs["forked, first"].append(one_session("1", args.steps))  # starts each worker's server
+        for _ in range(args.sessions):
+            runs["fresh"].append(one_session("0", args.steps))
+            runs["forked"].append(one_session("1", args.steps))
+    finally:
+        for w in workers:
+            w.terminate()
+            w.wait()
+        os.environ.pop("FORGE_NB_FORK_PROCS", None)
+    print(f"\nsession of the bundled model over 3 workers, up + {args.steps} steps + down; n = {args.sessions} a side")
+    header = f"{'fresh (mean ± sd)':>24}{'forked, first':>15}{'forked (mean ± sd)':>24}{'fresh / forked':>16}"
+    print(f"{'seconds':<8}{header}")
+    for what in ("up", "steps", "down", "cpu"):
+        fresh, forked = ([r[what] for r in runs[side]] for side in ("fresh", "forked"))
+        cells = f"{statistics.mean(fresh):>15.2f} ± {statistics.stdev(fresh) if len(fresh) > 1 else 0.0:<6.2f}"
+        cells += f"{runs['forked, first'][0][what]:>15.2f}"
+        cells += f"{statistics.mean(forked):>15.2f} ± {statistics.stdev(forked) if len(forked) > 1 else 0.0:<6.2f}"
+        print(f"{what:<8}{cells}{statistics.mean(fresh) / statistics.mean(forked):>15.2f}x")
+
+
+if __name__ == "__main__":
+    main()
