@@ -30,7 +30,7 @@ def worker_fork_servers(worker: int) -> list[int]:
     found = {}
     for p in psutil.process_iter(["cmdline", "ppid"]):
         line = p.info["cmdline"] or []
-        if "forge_nb.mesh.forkserver" in line and line[-2:] == ["--watch", str(worker)]:
+        if "forge_nb.mesh.workerforks" in line and "--watch" in line and str(worker) in line:
             found[p.pid] = p.info["ppid"]
     return [pid for pid, parent in found.items() if parent not in found]
 
@@ -40,7 +40,8 @@ def forked_roles(status: dict, roles: tuple[str, ...] = ("trainer", "generator",
     (a forked proc carries the server's command line)."""
     forked: dict[str, bool] = {}
     for r in status["placement"]:
-        here = "forge_nb.mesh.forkserver" in psutil.Process(r["pid"]).cmdline()
+        line = psutil.Process(r["pid"]).cmdline()
+        here = "forge_nb.mesh.forkserver" in line or "forge_nb.mesh.workerforks" in line
         forked[r["role"]] = forked.get(r["role"], True) and here
     return {role: forked[role] for role in roles}
 

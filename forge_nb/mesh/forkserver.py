@@ -47,6 +47,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
@@ -194,11 +195,14 @@ atexit.register(_stop_idle)
 # ---- the server process ---------------------------------------------------------------------------
 
 
-def serve(path: str, fd: int | None = None, watch: int | None = None) -> Callable[[], None] | None:
+def serve(
+    path: str, fd: int | None = None, watch: int | None = None, idle: float | None = None
+) -> Callable[[], None] | None:
     """Listen at `path` (or on the listening socket `fd`, bound there by the client that started this
     server), import `PRELOAD`, fork a proc per request -> in a forked child, the function that runs the
     proc; in the server, None once it is told to stop, or its standard input closes (`watch` None: the
-    kernel that started it is gone), or the process `watch` (a host's worker) has ended."""
+    kernel that started it is gone), or the process `watch` (a host's worker) has ended, or no proc of
+    it has run for `idle` seconds."""
     if fd is None:
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         listener.bind(path)
@@ -230,14 +234,19 @@ def serve(path: str, fd: int | None = None, watch: int | None = None) -> Callabl
     else:
         selector.register(watched, selectors.EVENT_READ, "watched")
     clients: dict[int, socket.socket] = {}  # child pid -> its client's connection
+    idle_since = time.monotonic()
     while not stopping:
-        for key, _ in selector.select():
+        timeout = None if clients or idle is None else max(0.0, idle_since + idle - time.monotonic())
+        events = selector.select(timeout)
+        stopping = not events and not clients  # (only with a timeout: idle that long)
+        for key, _ in events:
             if key.data == "stdin" and not os.read(sys.stdin.fileno(), 4096) or key.data == "watched":
                 stopping = True  # the process that started this one (or the worker it serves) is gone
             elif key.data == "wake":
                 signals = wake_r.recv(4096)
                 stopping = stopping or signal.SIGTERM in signals
                 _reap(clients)
+                idle_since = time.monotonic()
             elif key.data == "accept":
                 conn, _ = listener.accept()
                 got = _read_request(conn)
@@ -362,21 +371,18 @@ def _lifeline(conn: socket.socket) -> None:
 
 
 def main() -> None:
-    """``python -m forge_nb.mesh.forkserver PATH [--fd N --watch PID]``: a kernel's server (`ForkServer`)
-    or a worker's (`forge_nb.mesh.workerforks`, which removes its socket when it ends)."""
-    path, options = sys.argv[1], dict(zip(sys.argv[2::2], map(int, sys.argv[3::2])))
-    watch = options.get("--watch")
-    try:
-        run = serve(path, options.get("--fd"), watch)
-    except OSError:  # the worker ended before this server watched it
-        run = None
+    """``python -m forge_nb.mesh.forkserver PATH``: a kernel's server (`ForkServer`)."""
+    run_server(lambda: serve(sys.argv[1]))
+
+
+def run_server(start: Callable[[], Callable[[], None] | None], end: Callable[[], None] | None = None) -> None:
+    """Serve (`start`: `serve` with its arguments); in a forked child, run the proc; in the server, `end`
+    (if any) once serving stopped, then exit."""
+    run = start()
     if run is not None:
         run()
-    for left in (path, path + ".lock") if watch is not None else ():  # a worker's: nothing else removes them
-        try:
-            os.unlink(left)
-        except OSError:
-            pass
+    elif end is not None:
+        end()
     # The server: nothing to tear down (it ran no code but imports); a teardown of the frozen heap would
     # print extension modules' "leaked" counts (triton's nanobind) and take a second.
     os._exit(0)

@@ -10,7 +10,9 @@ transformers once for every proc that worker starts, in this session and the nex
 the worker does (a pidfd on it): it lives as long as the worker, like the procs it forks.
 
 One server per (worker, host, `IMPORT_ENV_PREFIXES` variables): a proc whose import variables differ gets
-a server of its own. Hosts with GPUs do not fork (the kernel does not ask them to: `PlacedMesh`).
+a server of its own. Hosts with GPUs do not fork (the kernel does not ask them to: `PlacedMesh`). A server
+no proc has used for ``FORGE_NB_FORK_IDLE_S`` seconds (default `IDLE_S`) ends too: an idle worker does not
+hold the ~400 MB of torch and transformers (RSS measured, 260 MB of it its own); the next proc starts one.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import fcntl
 import hashlib
 import json
 import os
+import select
 import socket
 import subprocess
 import sys
@@ -27,9 +30,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from forge_nb.mesh.forkserver import import_env
+from forge_nb.mesh.forkserver import import_env, run_server, serve
 
 FLAG = "--worker"  # forkclient's argument in place of a socket path
+IDLE_ENV = "FORGE_NB_FORK_IDLE_S"
+IDLE_S = 600.0  # a notebook's `%forge down` and next `%forge up` on the same workers usually come sooner
 
 
 def folder() -> Path:
@@ -99,8 +104,9 @@ def _start(path: str, worker: int) -> None:
         listener.bind(path)
         listener.listen(64)
         fd = listener.fileno()
+        idle = os.environ.get(IDLE_ENV) or str(IDLE_S)
         subprocess.Popen(
-            [sys.executable, "-m", "forge_nb.mesh.forkserver", path, "--fd", str(fd), "--watch", str(worker)],
+            [sys.executable, "-m", __name__, path, "--fd", str(fd), "--watch", str(worker), "--idle", idle],
             pass_fds=(fd,),
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
@@ -109,3 +115,55 @@ def _start(path: str, worker: int) -> None:
         )
     finally:
         listener.close()  # the server holds its own copy
+
+
+# ---- the server process ---------------------------------------------------------------------------
+
+
+def main() -> None:
+    """``python -m forge_nb.mesh.workerforks PATH --fd N --watch PID --idle S``: `forkserver.serve` on the
+    socket a client bound (fd N), for the worker with pid PID, idle S seconds at most."""
+    path, options = sys.argv[1], dict(zip(sys.argv[2::2], map(float, sys.argv[3::2])))
+    fd, watch = int(options["--fd"]), int(options["--watch"])
+    ours = os.stat(path).st_ino  # the socket file this server answers at (its client bound it, then started it)
+
+    def start():
+        try:
+            return serve(path, fd, watch, options["--idle"])
+        except OSError:  # the worker ended before this server watched it
+            return None
+
+    run_server(start, lambda: _retire(path, ours, worker_gone=_ended(watch)))
+
+
+def _retire(path: str, ours: int, worker_gone: bool) -> None:
+    """Remove this server's socket file, if it is still this server's (a client that found this server
+    gone, idle, may have bound a new one there: under the lock, so not between the check and the removal);
+    and the lock file once the worker is gone (no proc of it can come)."""
+    with _locked(path + ".lock"):
+        try:
+            if os.stat(path).st_ino == ours:
+                os.unlink(path)
+        except OSError:
+            pass
+    if worker_gone:
+        try:
+            os.unlink(path + ".lock")
+        except OSError:
+            pass
+
+
+def _ended(pid: int) -> bool:
+    """Whether process `pid` has ended (a zombie too: its pidfd is readable then)."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return True
+    try:
+        return bool(select.select([fd], [], [], 0)[0])
+    finally:
+        os.close(fd)
+
+
+if __name__ == "__main__":
+    main()

@@ -22,14 +22,15 @@ ROOT = Path(__file__).parents[2]
 class Worker:
     """tests/mesh/fake_worker.py: starts procs as its own children, the way Monarch's worker does."""
 
-    def __init__(self) -> None:
+    def __init__(self, **env: str) -> None:
+        self.env = {**os.environ, "PYTHONPATH": str(ROOT), "FORKED": "report", **env}
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "tests.mesh.fake_worker"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
             cwd=ROOT,
-            env={**os.environ, "PYTHONPATH": str(ROOT), "FORKED": "report"},
+            env=self.env,
         )
         self.pid = json.loads(self.proc.stdout.readline())["pid"]
 
@@ -74,7 +75,7 @@ def test_a_workers_procs_fork_from_one_server_it_starts_which_ends_with_the_work
 def test_a_dead_servers_socket_is_replaced_by_a_new_server():
     worker = Worker()
     try:
-        path = workerforks.socket_path(worker.pid, {**os.environ, "PYTHONPATH": str(ROOT), "FORKED": "report"})
+        path = workerforks.socket_path(worker.pid, worker.env)
         stale = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         stale.bind(path)  # a server killed with its host: the socket file stays, no one listens
         stale.close()
@@ -83,6 +84,19 @@ def test_a_dead_servers_socket_is_replaced_by_a_new_server():
     finally:
         worker.kill()
     assert wait_gone([seen["ppid"]], timeout=30) == [] and worker.sockets() == []
+
+
+def test_a_server_idle_past_its_limit_ends_and_the_next_proc_starts_another():
+    worker = Worker(**{workerforks.IDLE_ENV: "1"})
+    try:
+        first = worker.start({})[0]["ppid"]
+        assert wait_gone([first], timeout=30) == []  # no proc for 1 s: it ended, its worker runs on
+        assert [p.suffix for p in worker.sockets()] == [".lock"]  # its socket removed, the lock kept
+        second = worker.start({})[0]
+        assert second["torch"] and second["ppid"] != first and worker.servers() == [second["ppid"]]
+    finally:
+        worker.kill()
+    assert wait_gone([second["ppid"]], timeout=30) == [] and worker.sockets() == []
 
 
 def test_a_mesh_over_hosts_names_the_workers_server_for_its_cpu_hosts_only(monkeypatch):
