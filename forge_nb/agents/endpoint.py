@@ -23,7 +23,7 @@ import socket
 import threading
 import time
 from collections.abc import Coroutine
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import uvicorn
@@ -43,10 +43,12 @@ class TrajectoryClosed(LookupError):
 
 @dataclass
 class Opened:
-    """One open trajectory: its server-side client and the loop its calls run on."""
+    """One open trajectory: its server-side client, the loop its calls run on, and its stored Responses
+    (response id -> the conversation it ends, as chat messages: `previous_response_id` continues it)."""
 
     client: AgentClient
     loop: asyncio.AbstractEventLoop | None
+    responses: dict[str, list[dict]] = field(default_factory=dict)
 
 
 class Endpoint:

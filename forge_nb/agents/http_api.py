@@ -121,12 +121,14 @@ async def responses(request: Request, endpoint: Endpoint) -> Response:
     opened = _opened(request, endpoint)
     params = await _params(request, RESPONSE, opened)
     try:
-        arguments = responses_api.chat_arguments(params)
+        messages = responses_api.conversation(params, opened.responses)
+        arguments = responses_api.chat_arguments(params, messages)
     except responses_api.Unsupported as e:
         opened.client.trajectory.request_errors += 1
         raise ApiError(400, str(e)) from None
     chat = await _run(endpoint, opened, opened.client.create(**arguments))
     response = responses_api.response_of(chat, params)
+    responses_api.remember(opened.responses, params, messages, response, chat)
     if params.get("stream"):
         return streaming.sse(streaming.response_events(response), named=True)
     return _json(response)

@@ -1,14 +1,16 @@
 """The Responses API (``POST /t/<id>/v1/responses``) over the chat path: a request's `instructions` and `input`
 items become chat messages, its function tools chat tool schemas; the chat completion becomes a `Response`.
 
-What maps (non-streaming, stateless): `instructions` -> a system message; message items (text or text parts, any
-role) -> messages; `function_call` items -> the assistant's tool calls (consecutive ones, with the assistant text
-before them, are one assistant message); `function_call_output` items -> tool messages; `reasoning` items are
-left out (the template renders no reasoning of earlier turns). Function tools -> chat tools. `tool_choice`,
-`temperature`, `top_p`, `max_output_tokens` as in chat. Refused (400, saying which): `previous_response_id` and
-`conversation` (the server keeps no responses: send the whole input, as the Agents SDK does), other item types
-(computer, file search, shell, MCP, ...) and tool types. The output is a `message` item with the reply's text
-and one `function_call` item per tool call, as OpenAI's.
+What maps: `instructions` -> a system message; message items (text or text parts, any role) -> messages;
+`function_call` items -> the assistant's tool calls (consecutive ones, with the assistant text before them, are
+one assistant message); `function_call_output` items -> tool messages; `reasoning` items are left out (the
+template renders no reasoning of earlier turns). Function tools -> chat tools. `tool_choice`, `temperature`,
+`top_p`, `max_output_tokens` as in chat. `previous_response_id`: a response of the same trajectory (each is kept
+while the trajectory is open, unless sent with ``store: false``) continues its conversation, its input and its
+output, with this request's input after it; as OpenAI's, the earlier `instructions` are not carried over (this
+request's are). Refused (400, saying which): `conversation` (the Conversations API's objects), an unknown
+previous response, other item types (computer, file search, shell, MCP, ...) and tool types. The output is a
+`message` item with the reply's text and one `function_call` item per tool call, as OpenAI's.
 """
 
 from __future__ import annotations
@@ -25,16 +27,41 @@ class Unsupported(ValueError):
     """A Responses request this endpoint cannot serve (the message says which part)."""
 
 
-def chat_arguments(params: dict) -> dict:
-    """A validated `ResponseCreateParamsNonStreaming` -> keyword arguments of `AgentClient.create`."""
-    for key in ("previous_response_id", "conversation"):
-        if params.get(key):
-            raise Unsupported(f"{key} is not served: the endpoint keeps no responses; send the whole input")
-    messages = [{"role": "system", "content": params["instructions"]}] if params.get("instructions") else []
+def conversation(params: dict, stored: dict[str, list[dict]]) -> list[dict]:
+    """The chat messages a validated `ResponseCreateParamsNonStreaming` continues with (its
+    `instructions` aside): the stored conversation of its `previous_response_id`, then its input."""
+    if params.get("conversation"):
+        raise Unsupported("conversation is not served (no Conversations API): send the input, or previous_response_id")
+    earlier: list[dict] = []
+    previous = params.get("previous_response_id")
+    if previous:
+        if previous not in stored:
+            raise Unsupported(
+                f"previous_response_id {previous!r} is not a response of this trajectory (responses are kept while "
+                "it is open, unless sent with store=false)"
+            )
+        earlier = stored[previous]
     items = params["input"]
-    messages += [{"role": "user", "content": items}] if isinstance(items, str) else _messages(items)
+    return [*earlier, *([{"role": "user", "content": items}] if isinstance(items, str) else _messages(items))]
+
+
+def remember(stored: dict[str, list[dict]], params: dict, messages: list[dict], response: Response, chat) -> None:
+    """Keep the conversation `response` ends (`messages` and its reply) under its id, unless ``store: false``."""
+    if params.get("store") is False:
+        return
+    reply = chat.choices[0].message
+    assistant: dict[str, Any] = {"role": "assistant", "content": reply.content}
+    if reply.tool_calls:
+        assistant["tool_calls"] = [call.model_dump(mode="json") for call in reply.tool_calls]
+    stored[response.id] = [*messages, assistant]
+
+
+def chat_arguments(params: dict, messages: list[dict]) -> dict:
+    """A validated `ResponseCreateParamsNonStreaming` and its conversation -> keyword arguments of
+    `AgentClient.create`."""
+    system = [{"role": "system", "content": params["instructions"]}] if params.get("instructions") else []
     return {
-        "messages": messages,
+        "messages": [*system, *messages],
         "tools": [_tool(t) for t in params.get("tools") or []] or None,
         "tool_choice": params.get("tool_choice"),  # "none": no calls parsed; others parse calls as "auto" does
         "temperature": params.get("temperature"),

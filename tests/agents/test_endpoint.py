@@ -134,13 +134,37 @@ def test_the_agents_sdk_on_the_responses_api_runs_a_tool_loop_in_one_segment(ser
     assert [t.segment for t in trajectory.turns] == [0, 0] and trajectory.tool_calls == 0  # the SDK ran the tool
 
 
+def test_the_agents_sdk_chaining_responses_by_id_sends_only_new_items_and_the_trajectory_extends(served):
+    """``auto_previous_response_id``: the SDK's second request carries the previous response's id and only the
+    tool's output; the endpoint continues that response's conversation, so the turns are one segment."""
+    from agents import Agent, OpenAIResponsesModel, Runner, function_tool, set_tracing_disabled
+
+    set_tracing_disabled(True)
+    endpoint, tid, trajectory, _ = served
+    model = OpenAIResponsesModel(model="forge_nb-policy", openai_client=endpoint.client(tid))
+    agent = Agent(name="calc", instructions="Use the tool.", tools=[function_tool(multiply)], model=model)
+    result = asyncio.run(Runner.run(agent, "What is 6 times 7?", max_turns=3, auto_previous_response_id=True))
+    assert result.final_output == "42" and len(result.raw_responses) == 2
+    assert [t.segment for t in trajectory.turns] == [0, 0] and trajectory.request_errors == 0
+
+
+def test_a_response_sent_with_store_false_is_not_kept(served):
+    endpoint, tid, trajectory, _ = served
+    first = post(endpoint, tid, "responses", {"model": "m", "input": "What is 6 times 7?", "store": False}).json()
+    again = {"model": "m", "input": "and then?", "previous_response_id": first["id"]}
+    response = post(endpoint, tid, "responses", again)
+    assert response.status_code == 400 and "store=false" in response.json()["error"]["message"]
+    assert len(trajectory.turns) == 1
+
+
 @pytest.mark.parametrize(
     ("body", "says"),
     [
-        ({"model": "m", "input": "hi", "previous_response_id": "resp_1"}, "previous_response_id"),
+        ({"model": "m", "input": "hi", "previous_response_id": "resp_1"}, "not a response of this trajectory"),
+        ({"model": "m", "input": "hi", "conversation": "conv_1"}, "conversation is not served"),
         ({"model": "m", "input": "hi", "tools": [{"type": "web_search"}]}, "'web_search' are not served"),
     ],
-    ids=["previous-response", "hosted-tool"],
+    ids=["unknown-previous-response", "conversation", "hosted-tool"],
 )
 def test_what_the_responses_route_cannot_serve_is_a_400_saying_what(served, body, says):
     endpoint, tid, trajectory, _ = served
