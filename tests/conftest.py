@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -26,13 +28,20 @@ def child_processes(exclude: frozenset[int] = frozenset()) -> list[psutil.Proces
 
 def worker_fork_servers(worker: int) -> list[int]:
     """The fork servers of the host worker with pid `worker` (`forge_nb.mesh.workerforks`: they live as long
-    as it does), not the procs they forked (which carry the same command line)."""
-    found = {}
-    for p in psutil.process_iter(["cmdline", "ppid"]):
+    as it does, and their socket is named after it), not the procs they forked (which carry the same command
+    line; a server leads a session of its own)."""
+    found = []
+    for p in psutil.process_iter(["cmdline"]):
         line = p.info["cmdline"] or []
-        if "forge_nb.mesh.workerforks" in line and "--watch" in line and str(worker) in line:
-            found[p.pid] = p.info["ppid"]
-    return [pid for pid, parent in found.items() if parent not in found]
+        if "forge_nb.mesh.workerforks" not in line[:-1]:
+            continue
+        socket_name = Path(line[line.index("forge_nb.mesh.workerforks") + 1]).name
+        try:
+            if socket_name.startswith(f"w{worker}-") and os.getsid(p.pid) == p.pid:
+                found.append(p.pid)
+        except OSError:  # it ended meanwhile
+            pass
+    return found
 
 
 def forked_roles(status: dict, roles: tuple[str, ...] = ("trainer", "generator", "reward")) -> dict[str, bool]:

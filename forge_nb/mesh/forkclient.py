@@ -22,6 +22,7 @@ from forge_nb.mesh import workerforks
 from forge_nb.mesh.forkserver import BOOTSTRAP_MAIN, request  # light: the server module imports no torch
 
 CONNECT_TIMEOUT_S = 30.0  # the server binds its socket first thing; a slow start is the imports, after it
+FORK_TIMEOUT_S = 120.0  # the server's imports then the fork: ~4 s alone, a few times that on busy cores
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 
 
@@ -34,9 +35,11 @@ def main(path: str, module: str = BOOTSTRAP_MAIN) -> None:
         _exec_plain(module)
     try:
         socket.send_fds(conn, [request(dict(os.environ), os.getcwd(), module)], [0, 1, 2])
+        conn.settimeout(FORK_TIMEOUT_S)
         lines = conn.makefile("rb")
         first = lines.readline().split()
-    except OSError:
+        conn.settimeout(None)  # the proc's whole life, until its exit line
+    except OSError:  # (a timeout too: this process then runs the proc; the late child's lifeline ends it)
         first = []
     if len(first) != 2 or first[0] != b"pid":
         _exec_plain(module)  # the server ended before it forked: nothing started yet

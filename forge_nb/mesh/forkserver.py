@@ -196,20 +196,23 @@ atexit.register(_stop_idle)
 
 
 def serve(
-    path: str, fd: int | None = None, watch: int | None = None, idle: float | None = None
+    path: str,
+    fd: int | None = None,
+    watched: int | None = None,
+    idle: float | None = None,
+    retire: Callable[[], None] | None = None,
 ) -> Callable[[], None] | None:
     """Listen at `path` (or on the listening socket `fd`, bound there by the client that started this
     server), import `PRELOAD`, fork a proc per request -> in a forked child, the function that runs the
-    proc; in the server, None once it is told to stop, or its standard input closes (`watch` None: the
-    kernel that started it is gone), or the process `watch` (a host's worker) has ended, or no proc of
-    it has run for `idle` seconds."""
+    proc; in the server, None once it is told to stop, or its standard input closes (`watched` None: the
+    kernel that started it is gone), or the process of the pidfd `watched` (a host's worker) has ended,
+    or no proc of it has run for `idle` seconds. `retire` runs then, before the socket closes."""
     if fd is None:
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         listener.bind(path)
         listener.listen(64)  # clients that come during the imports wait here
     else:
         listener = socket.socket(fileno=fd)
-    watched = os.pidfd_open(watch) if watch is not None else None  # readable once that process ended
     for name in PRELOAD:
         try:
             __import__(name)
@@ -253,7 +256,13 @@ def serve(
                 if got is None:
                     conn.close()
                     continue
-                pid = os.fork()
+                try:
+                    pid = os.fork()
+                except OSError:  # out of processes or memory: this client starts its proc itself
+                    for passed in got[1]:
+                        os.close(passed)
+                    conn.close()
+                    continue
                 if pid == 0:  # the child: drop the server's state, become the proc
                     signal.set_wakeup_fd(-1)
                     selector.close()
@@ -262,10 +271,12 @@ def serve(
                     if watched is not None:
                         os.close(watched)
                     return lambda: _become_proc(conn, *got)
-                for fd in got[1]:  # the child's now; kept here, a client's pipes would never see end of file
-                    os.close(fd)
+                for passed in got[1]:  # the child's now; kept here, a client's pipes would never see end of file
+                    os.close(passed)
                 clients[pid] = conn
                 _send(conn, f"pid {pid}")
+    if retire is not None:
+        retire()
     listener.close()
     return None
 
@@ -375,14 +386,11 @@ def main() -> None:
     run_server(lambda: serve(sys.argv[1]))
 
 
-def run_server(start: Callable[[], Callable[[], None] | None], end: Callable[[], None] | None = None) -> None:
-    """Serve (`start`: `serve` with its arguments); in a forked child, run the proc; in the server, `end`
-    (if any) once serving stopped, then exit."""
+def run_server(start: Callable[[], Callable[[], None] | None]) -> None:
+    """Serve (`start`: `serve` with its arguments); in a forked child, run the proc; then exit."""
     run = start()
     if run is not None:
         run()
-    elif end is not None:
-        end()
     # The server: nothing to tear down (it ran no code but imports); a teardown of the frozen heap would
     # print extension modules' "leaked" counts (triton's nanobind) and take a second.
     os._exit(0)

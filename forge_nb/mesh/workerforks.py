@@ -9,8 +9,9 @@ lock: the procs of a role start together) and starts the server on it. The serve
 transformers once for every proc that worker starts, in this session and the next ones, and exits when
 the worker does (a pidfd on it): it lives as long as the worker, like the procs it forks.
 
-One server per (worker, host, `IMPORT_ENV_PREFIXES` variables): a proc whose import variables differ gets
-a server of its own. Hosts with GPUs do not fork (the kernel does not ask them to: `PlacedMesh`). A server
+One server per (worker, host, Python executable, `IMPORT_ENV_PREFIXES` variables, torch's and transformers'
+installed files): a proc whose import variables differ gets a server of its own, and so does a proc after
+``pip install -U torch``. Hosts with GPUs do not fork (the kernel does not ask them to: `PlacedMesh`). A server
 no proc has used for ``FORGE_NB_FORK_IDLE_S`` seconds (default `IDLE_S`) ends too: an idle worker does not
 hold the ~400 MB of torch and transformers (RSS measured, 260 MB of it its own); the next proc starts one.
 """
@@ -19,10 +20,12 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
+import importlib.util
 import json
 import os
 import select
 import socket
+import stat
 import subprocess
 import sys
 import tempfile
@@ -35,26 +38,41 @@ from forge_nb.mesh.forkserver import import_env, run_server, serve
 FLAG = "--worker"  # forkclient's argument in place of a socket path
 IDLE_ENV = "FORGE_NB_FORK_IDLE_S"
 IDLE_S = 600.0  # a notebook's `%forge down` and next `%forge up` on the same workers usually come sooner
+KEYED_PACKAGES = ("torch", "transformers")  # what the server imports: a new install is a new server
 
 
 def folder() -> Path:
-    """Where this user's worker servers keep their sockets (and lock files) on this host."""
-    path = Path(tempfile.gettempdir()) / f"forge_nb-forks-{os.getuid()}"
+    """Where this user's worker servers keep their sockets (and lock files) on this host: a folder of this
+    user's alone (one made by another user, or open to others, is refused: a client sends its environment
+    and its standard streams to whoever listens there)."""
+    path = Path(os.environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir()) / f"forge_nb-forks-{os.getuid()}"
     path.mkdir(mode=0o700, exist_ok=True)
+    info = os.lstat(path)
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o077:
+        raise PermissionError(f"{path} is not a folder of this user's alone: procs start without a fork server")
     return path
 
 
 def socket_path(worker: int, env: dict[str, str]) -> str:
     """The socket of the server for the worker with pid `worker` and procs with `env` on this host (short:
     a Unix socket's path has at most 107 bytes)."""
-    key = json.dumps([socket.gethostname(), worker, sorted(import_env(env).items())])
+    installed = [_stamp(name) for name in KEYED_PACKAGES]
+    key = json.dumps([socket.gethostname(), worker, sys.executable, installed, sorted(import_env(env).items())])
     return str(folder() / f"w{worker}-{hashlib.sha1(key.encode()).hexdigest()[:16]}.sock")
 
 
+def _stamp(package: str) -> list:
+    """Where `package` is installed and when its files were written, found without importing it."""
+    spec = importlib.util.find_spec(package)
+    if spec is None or spec.origin is None:
+        return [package, None]
+    return [spec.origin, os.stat(spec.origin).st_mtime_ns]
+
+
 def connect(worker: int) -> socket.socket | None:
-    """A connection to the server of `worker` for this process's environment, started here when it has
-    none (or its socket is a dead one's) -> None when none can be started (the client then runs the proc
-    itself)."""
+    """A connection to the server of `worker` (this process's parent) for this process's environment,
+    started here when it has none (or its socket is a dead one's) -> None when none can be started (the
+    client then runs the proc itself)."""
     path = socket_path(worker, dict(os.environ))
     conn = _try(path)
     if conn is not None:
@@ -62,10 +80,13 @@ def connect(worker: int) -> socket.socket | None:
     with _locked(path + ".lock"):
         conn = _try(path)  # another proc of the role started it while this one waited for the lock
         if conn is None:
+            watched = os.pidfd_open(worker)
             try:
-                _start(path, worker)
-            except OSError:
-                return None
+                if os.getppid() != worker:
+                    return None  # the worker ended meanwhile (its pid may be another process's now)
+                _start(path, watched)
+            finally:
+                os.close(watched)
             conn = _try(path)
     return conn
 
@@ -91,10 +112,19 @@ def _locked(path: str) -> Iterator[None]:
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
-def _start(path: str, worker: int) -> None:
-    """Bind and listen at `path` here (so a connection succeeds from now on), then hand the socket to a
-    new server that watches `worker`: in a session of its own (a signal to the proc's group does not
-    reach it) with no standard streams (a pipe Monarch reads a proc's output from stays its alone)."""
+def _idle_s() -> str:
+    """``FORGE_NB_FORK_IDLE_S`` if it is a positive number of seconds, else `IDLE_S`."""
+    try:
+        idle = float(os.environ.get(IDLE_ENV) or IDLE_S)
+    except ValueError:
+        idle = IDLE_S
+    return str(idle if idle > 0 else IDLE_S)
+
+
+def _start(path: str, watched: int) -> None:
+    """Bind and listen at `path` here (so a connection succeeds from now on), then hand the socket and the
+    worker's pidfd `watched` to a new server: in a session of its own (a signal to the proc's group does
+    not reach it) with no standard streams (a pipe Monarch reads a proc's output from stays its alone)."""
     try:
         os.unlink(path)  # a server that was killed (its worker's host lost) left its socket
     except FileNotFoundError:
@@ -104,10 +134,9 @@ def _start(path: str, worker: int) -> None:
         listener.bind(path)
         listener.listen(64)
         fd = listener.fileno()
-        idle = os.environ.get(IDLE_ENV) or str(IDLE_S)
         subprocess.Popen(
-            [sys.executable, "-m", __name__, path, "--fd", str(fd), "--watch", str(worker), "--idle", idle],
-            pass_fds=(fd,),
+            [sys.executable, "-m", __name__, path, "--fd", str(fd), "--pidfd", str(watched), "--idle", _idle_s()],
+            pass_fds=(fd, watched),
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
@@ -121,48 +150,42 @@ def _start(path: str, worker: int) -> None:
 
 
 def main() -> None:
-    """``python -m forge_nb.mesh.workerforks PATH --fd N --watch PID --idle S``: `forkserver.serve` on the
-    socket a client bound (fd N), for the worker with pid PID, idle S seconds at most."""
-    path, options = sys.argv[1], dict(zip(sys.argv[2::2], map(float, sys.argv[3::2])))
-    fd, watch = int(options["--fd"]), int(options["--watch"])
-    ours = os.stat(path).st_ino  # the socket file this server answers at (its client bound it, then started it)
+    """``python -m forge_nb.mesh.workerforks PATH --fd N --pidfd P --idle S``: `forkserver.serve` on the
+    socket a client bound (fd N) for the worker of pidfd P, idle S seconds at most."""
+    path, options = sys.argv[1], dict(zip(sys.argv[2::2], sys.argv[3::2]))
+    fd, watched = int(options["--fd"]), int(options["--pidfd"])
+    ours = _identity(path)  # its client bound it, then started this server; held open, it is not reused
 
-    def start():
-        try:
-            return serve(path, fd, watch, options["--idle"])
-        except OSError:  # the worker ended before this server watched it
-            return None
-
-    run_server(start, lambda: _retire(path, ours, worker_gone=_ended(watch)))
-
-
-def _retire(path: str, ours: int, worker_gone: bool) -> None:
-    """Remove this server's socket file, if it is still this server's (a client that found this server
-    gone, idle, may have bound a new one there: under the lock, so not between the check and the removal);
-    and the lock file once the worker is gone (no proc of it can come)."""
-    with _locked(path + ".lock"):
-        try:
-            if os.stat(path).st_ino == ours:
+    def retire() -> None:
+        """While the socket is still open (its file's identity cannot be reused): remove the file if it is
+        still this server's, under the clients' lock (a client that found it gone has bound a new one
+        there); and the lock file once the worker has ended (no proc of it can come)."""
+        with _locked(path + ".lock"):
+            if ours is not None and _identity(path) == ours:
                 os.unlink(path)
-        except OSError:
-            pass
-    if worker_gone:
-        try:
-            os.unlink(path + ".lock")
-        except OSError:
-            pass
+        if _ended(watched):
+            try:
+                os.unlink(path + ".lock")
+            except OSError:
+                pass
+
+    run_server(lambda: serve(path, fd, watched, float(options["--idle"]), retire))
 
 
-def _ended(pid: int) -> bool:
-    """Whether process `pid` has ended (a zombie too: its pidfd is readable then)."""
+def _identity(path: str) -> tuple[int, int] | None:
     try:
-        fd = os.pidfd_open(pid)
-    except ProcessLookupError:
+        info = os.stat(path)
+    except OSError:
+        return None
+    return info.st_dev, info.st_ino
+
+
+def _ended(pidfd: int) -> bool:
+    """Whether the process of `pidfd` has ended (a zombie too: its pidfd is readable then)."""
+    try:
+        return bool(select.select([pidfd], [], [], 0)[0])
+    except OSError:
         return True
-    try:
-        return bool(select.select([fd], [], [], 0)[0])
-    finally:
-        os.close(fd)
 
 
 if __name__ == "__main__":
