@@ -46,6 +46,7 @@ class GeneratorSpec:
                 "seed": config.seed,
                 "kv_cache_mb": e.kv_cache_mb,
                 "gpu_memory_utilization": e.gpu_memory_utilization,
+                "tensor_parallel_size": e.tensor_parallel_size,
             }
         lora = config.lora if config.lora.enabled else None
         if engine == "vllm" and lora is not None:

@@ -75,7 +75,7 @@ class EngineConfig:
     kv_cache_mb: int = 512  # vLLM on CPU: KV cache size per generator
     gpu_memory_utilization: float = 0.5  # vLLM on GPU: share of device memory (the trainer may share the GPU)
     max_model_len: int = 0  # vLLM: longest prompt + completion in tokens (0: the model's own limit)
-    tensor_parallel_size: int = 1  # GPUs one generator replica spans (the placement plan counts them; 1 for now)
+    tensor_parallel_size: int = 1  # vLLM: ranks one generator replica spans, a GPU each (or a share of the cores)
 
     def sampling(self, n: int, seed: int | None, temperature: float | None = None):
         """`SamplingParams` for `n` samples per prompt under this engine config (`temperature` 0: greedy)."""

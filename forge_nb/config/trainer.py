@@ -63,13 +63,11 @@ def check_devices(config) -> None:
             f"trainer.mixed_precision={trainer.mixed_precision!r} computes in bfloat16 from float32 master "
             f"weights: model.dtype must be 'float32', got {model.dtype!r}"
         )
-    if config.engine.tensor_parallel_size > 1:
-        # The placement plan gives a replica its GPUs and vLLM gets the size, but a refresh hands vLLM's
-        # reload_weights an iterator in this process, which its workers in other processes cannot read.
+    if config.engine.tensor_parallel_size > 1 and config.engine_name() != "vllm":
         raise ConfigError(
-            f"engine.tensor_parallel_size={config.engine.tensor_parallel_size}: a generator replica that spans "
-            "several GPUs cannot be refreshed yet; keep tensor_parallel_size=1 and add replicas "
-            "(mesh.generator_procs) instead"
+            f"engine.tensor_parallel_size={config.engine.tensor_parallel_size} splits a replica over vLLM's ranks; "
+            f"the {config.engine_name()} engine serves a replica in one process: set engine.name='vllm', or keep "
+            "tensor_parallel_size=1 and add replicas (mesh.generator_procs)"
         )
 
 

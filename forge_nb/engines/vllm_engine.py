@@ -22,6 +22,7 @@ from pathlib import Path
 
 import torch
 
+from forge_nb.engines import vllm_tp
 from forge_nb.engines.base import Prompt, SamplingParams, cut_at_stop, encode_prompts
 from forge_nb.rl.completion import Completion
 
@@ -69,9 +70,10 @@ def _flush() -> None:
 class VllmEngine:
     """Serves an HF model directory with `vllm.LLM`; see `load`."""
 
-    def __init__(self, llm, tokenizer) -> None:
+    def __init__(self, llm, tokenizer, tensor_parallel_size: int = 1) -> None:
         self.llm = llm
         self.tokenizer = tokenizer
+        self.tensor_parallel_size = tensor_parallel_size  # > 1: ranks in worker processes (`engines.vllm_tp`)
         self.eos_id: int = tokenizer.eos_token_id
         self.lora = None  # the LoRA adapter served (a vllm LoRARequest), when the policy is an adapter
         # Where its weights live (its engine runs in this process): a refresh may stage them there.
@@ -89,6 +91,7 @@ class VllmEngine:
         gpu_memory_utilization: float = 0.5,
         warm_up: bool = True,
         max_lora_rank: int = 0,
+        tensor_parallel_size: int = 1,
     ) -> VllmEngine:
         """Start vLLM on `model_dir` (any HF causal LM directory).
 
@@ -96,18 +99,22 @@ class VllmEngine:
         on GPU it gets `gpu_memory_utilization` of the device (the trainer may share it).
         `warm_up` runs one tiny generation, so the first real batch does not pay vLLM's lazy
         initialisation (~25 s on 2 CPU cores). `max_lora_rank` > 0 serves LoRA adapters of up to that
-        rank (`use_adapter`).
+        rank (`use_adapter`). `tensor_parallel_size` > 1 splits the model over that many ranks, each a
+        worker process of vLLM's (started fresh: ``spawn``), on a GPU each or on its share of the cores.
         """
         _in_process_engine_env()
+        if tensor_parallel_size > 1:
+            os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")  # not a fork of a Monarch proc
+            if not torch.cuda.is_available():
+                os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", vllm_tp.cpu_binding(tensor_parallel_size))
         log = Path(tempfile.gettempdir()) / f"forge_nb_vllm_{os.getpid()}.log"
+        options = (max_model_len, seed, kv_cache_mb, gpu_memory_utilization, warm_up, max_lora_rank)
         with _output_to(log):
-            return cls._start(
-                model_dir, dtype, max_model_len, seed, kv_cache_mb, gpu_memory_utilization, warm_up, max_lora_rank
-            )
+            return cls._start(model_dir, dtype, *options, tensor_parallel_size)
 
     @classmethod
     def _start(
-        cls, model_dir, dtype, max_model_len, seed, kv_cache_mb, gpu_memory_utilization, warm_up, max_lora_rank
+        cls, model_dir, dtype, max_model_len, seed, kv_cache_mb, gpu_memory_utilization, warm_up, max_lora_rank, tp
     ) -> VllmEngine:
         from transformers import AutoConfig, AutoTokenizer
         from vllm import LLM
@@ -132,9 +139,11 @@ class VllmEngine:
             gpu_memory_utilization=gpu_memory_utilization,
             kv_cache_memory_bytes=None if gpu else kv_cache_mb * MiB,
             enable_prefix_caching=True,  # the G samples of one prompt share its prefill
+            tensor_parallel_size=tp,
+            distributed_executor_backend="mp" if tp > 1 else None,
             **cpu_options,
         )
-        engine = cls(llm, AutoTokenizer.from_pretrained(str(model_dir)))
+        engine = cls(llm, AutoTokenizer.from_pretrained(str(model_dir)), tp)
         if warm_up:
             engine.generate([engine.tokenizer("1")["input_ids"]], SamplingParams(n=2, max_tokens=2, seed=0))
         return engine
@@ -187,8 +196,16 @@ class VllmEngine:
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Load HF-named tensors into the running model (vLLM fuses, repacks and converts them as on
-        a cold load), then drop the prefix cache: its KV entries were computed with the old weights."""
-        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(named_tensors)})
+        a cold load), then drop the prefix cache: its KV entries were computed with the old weights. With
+        several ranks, each loads its slice from one file the tensors are written to (`engines.vllm_tp`)."""
+        if self.tensor_parallel_size == 1:
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(named_tensors)})
+        else:
+            path, layout = vllm_tp.write_weights(named_tensors)
+            try:
+                self.llm.collective_rpc(vllm_tp.reload_from_file, args=(path, layout))
+            finally:
+                os.unlink(path)
         self.llm.reset_prefix_cache()
 
     def use_adapter(self, path: str, version: int) -> None:
@@ -204,7 +221,12 @@ class VllmEngine:
 
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         """The served parameters under vLLM's names and layout (q/k/v and gate/up fused, CPU-repacked):
-        a fingerprint of the served state, equal across replicas, not comparable to the trainer's."""
+        a fingerprint of the served state, equal across replicas, not comparable to the trainer's. With
+        several ranks, each rank's slices, named "rank{r}." + vLLM's name (copied out of its process)."""
+        if self.tensor_parallel_size > 1:
+            for rank, named in enumerate(self.llm.collective_rpc(vllm_tp.named_parameters)):
+                yield from ((f"rank{rank}.{n}", p) for n, p in named)
+            return
         model = self.llm.llm_engine.model_executor.driver_worker.worker.model_runner.get_model()
         yield from ((n, p.detach()) for n, p in model.named_parameters())
 

@@ -84,9 +84,9 @@ def test_pretended_gpus_come_from_mesh_gpus_per_host():
     assert _devices(plan(config, hosts_for(config)), "generator") == [(2,)]
 
 
-def test_a_replica_over_several_gpus_is_refused_before_anything_starts():
-    with pytest.raises(ConfigError, match="tensor_parallel_size=2: a generator replica that spans several GPUs"):
-        Config().updated({"tensor_parallel_size": 2})
+def test_what_cannot_be_placed_is_refused_before_anything_starts():
+    with pytest.raises(ConfigError, match="tensor_parallel_size=2 splits a replica over vLLM's ranks; the torch"):
+        Config().updated({"tensor_parallel_size": 2, "engine.name": "torch"})
     with pytest.raises(ConfigError, match="model.device='cuda' but torch here has no CUDA device"):
         Config().updated({"device": "cuda"})
     with pytest.raises(ConfigError, match="trainer.cpu_offload keeps the trainer's state in host memory"):
