@@ -6,7 +6,8 @@ generator writes the new version's tensors once into a file in ``/dev/shm`` (`wr
 memory speed, of what the refresh already checked), and each rank maps that file and hands its own
 ``reload_weights`` views of it (`reload_from_file`, run in every worker by ``collective_rpc``): vLLM's loader
 takes each rank's slice of a tensor from the view, so a rank reads only the pages of its slice. The file is
-removed once every rank has loaded (or failed): the served version changes only if every rank loaded.
+removed once every rank has returned. What reaches it was checked whole first (the refresh's version checks),
+as for one rank; a rank that raised while loading fails the refresh, as one rank's reload does.
 
 On CPU, vLLM binds each rank's OpenMP threads to cores of its own (``VLLM_CPU_OMP_THREADS_BIND``); unless
 that is set, `cpu_binding` splits the cores this process may use among the ranks.
