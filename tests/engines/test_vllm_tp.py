@@ -1,7 +1,8 @@
 """vLLM with ``engine.tensor_parallel_size=2`` (its CPU build) behind the generator of a real session: two
 ranks, each a worker process of vLLM's on a core of its own, serve the bundled model; after every refresh
 both ranks serve the trainer's version (the generator's logprobs equal the trainer's at that version, which
-a rank left on the old weights would break); `down()` leaves no process, vLLM's workers included."""
+a rank left on the old weights would break), LoRA adapters too; `down()` leaves no process, vLLM's workers
+included."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import pytest
 
 from forge_nb.engines.vllm_engine import vllm_available
 from forge_nb.mesh.calls import wait
-from tests.conftest import wait_no_children
+from tests.conftest import child_processes, wait_no_children
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(not vllm_available(), reason="vLLM is not installed")]
 
@@ -34,6 +35,31 @@ def agreement(s) -> float:
     prompts, completions = [e.prompt_ids for e in r.episodes], [e.completion_ids for e in r.episodes]
     trainer = wait(s.actors.trainer.logprobs.call_one(prompts, completions))
     return max(abs(x - y) for e, t in zip(r.episodes, trainer) for x, y in zip(e.logprobs, t))
+
+
+def test_lora_at_two_ranks_serves_the_trainers_adapter():
+    """With LoRA each version is an adapter vLLM's two ranks serve: on a fixed prompt + completion, the
+    generator's logprobs move with training and equal the trainer's after the sync."""
+    import forge_nb
+
+    options = {"engine.tensor_parallel_size": 2, "lora.enabled": True, "prompts_per_step": 4, "group_size": 4}
+    running = frozenset(p.pid for p in child_processes())  # the module's session, if a test started it
+    s = forge_nb.up(engine="vllm", threads_per_proc=1, **options)
+    try:
+        prompt = [s.tokenizer("17+25=")["input_ids"]]
+        completion = [s.tokenizer("42", add_special_tokens=False)["input_ids"] + [s.tokenizer.eos_token_id]]
+        generator = s.actors.generator.slice(procs=0)
+        before, _ = wait(generator.score.call_one(prompt, completion))
+        for _ in range(3):
+            s.train(s.rollout())
+        trainer = wait(s.actors.trainer.logprobs.call_one(prompt, completion))
+        assert max(abs(x - y) for x, y in zip(before[0], trainer[0])) > 10 * TOLERANCE  # the adapter moved
+        s.sync()
+        after, version = wait(generator.score.call_one(prompt, completion))
+        assert version == 3 and max(abs(x - y) for x, y in zip(after[0], trainer[0])) < TOLERANCE
+    finally:
+        s.down()
+    assert wait_no_children(exclude=running) == []
 
 
 def test_two_ranks_serve_each_version_the_trainer_holds(s):
