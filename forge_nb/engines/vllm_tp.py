@@ -25,6 +25,7 @@ import torch
 
 #: name -> (byte offset, bytes, shape, dtype name) of each tensor in the file `write_weights` wrote.
 Layout = dict[str, tuple[int, int, list[int], str]]
+ALIGN = 64  # bytes: every tensor starts at a multiple (a cache line; any element size divides it)
 
 
 def cpu_binding(ranks: int) -> str:
@@ -44,12 +45,18 @@ def write_weights(named_tensors: Iterable[tuple[str, torch.Tensor]]) -> tuple[st
     path = folder / f"forge_nb-vllm-weights-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     layout: Layout = {}
     offset = 0
-    with open(path, "wb") as f:
-        for name, tensor in named_tensors:
-            data = tensor.detach().to("cpu").contiguous().view(-1).view(torch.uint8)
-            f.write(memoryview(data.numpy()))
-            layout[name] = (offset, data.numel(), list(tensor.shape), str(tensor.dtype).removeprefix("torch."))
-            offset += data.numel()
+    try:
+        with open(path, "wb") as f:
+            for name, tensor in named_tensors:
+                data = tensor.detach().to("cpu").contiguous().view(-1).view(torch.uint8)
+                f.write(bytes(-offset % ALIGN))  # each tensor at a multiple of its element size (a view needs it)
+                offset += -offset % ALIGN
+                f.write(memoryview(data.numpy()))
+                layout[name] = (offset, data.numel(), list(tensor.shape), str(tensor.dtype).removeprefix("torch."))
+                offset += data.numel()
+    except BaseException:
+        path.unlink(missing_ok=True)  # /dev/shm is memory: a half-written file must not stay
+        raise
     return str(path), layout
 
 
