@@ -38,8 +38,13 @@ def busy_s() -> float:
 def one_session(side: tuple[str, str], steps: int) -> dict[str, float]:
     """up, `steps` steps, down on `side` (its two variables) -> seconds of each, and the machine's CPU."""
     os.environ["FORGE_NB_FORK_PROCS"], os.environ["FORGE_NB_FORK_LINGER_S"] = side
+    return timed_session(steps, **SESSION)
+
+
+def timed_session(steps: int, **options) -> dict[str, float]:
+    """`forge_nb.up(**options)`, `steps` steps, down -> seconds of each, and the machine's CPU meanwhile."""
     cpu0, t0 = busy_s(), time.perf_counter()
-    session = forge_nb.up(**SESSION)
+    session = forge_nb.up(**options)
     t1 = time.perf_counter()
     session.step(steps)
     t2 = time.perf_counter()

@@ -23,9 +23,8 @@ import subprocess
 import sys
 import time
 
-from session_start import busy_s
+from session_start import timed_session
 
-import forge_nb
 from forge_nb.mesh.hosts import answers
 
 PORTS = (29811, 29812, 29813)
@@ -48,15 +47,7 @@ def start_workers() -> list[subprocess.Popen]:
 def one_session(fork: str, steps: int) -> dict[str, float]:
     """up, `steps` steps, down with ``FORGE_NB_FORK_PROCS=fork`` -> seconds of each, and the machine's CPU."""
     os.environ["FORGE_NB_FORK_PROCS"] = fork
-    hosts = [f"tcp://127.0.0.1:{port}" for port in PORTS]
-    cpu0, t0 = busy_s(), time.perf_counter()
-    session = forge_nb.up(**SESSION, **{"mesh.hosts": hosts})
-    t1 = time.perf_counter()
-    session.step(steps)
-    t2 = time.perf_counter()
-    session.down()
-    t3 = time.perf_counter()
-    return {"up": t1 - t0, "steps": t2 - t1, "down": t3 - t2, "cpu": busy_s() - cpu0}
+    return timed_session(steps, **SESSION, **{"mesh.hosts": [f"tcp://127.0.0.1:{port}" for port in PORTS]})
 
 
 def main() -> None:
