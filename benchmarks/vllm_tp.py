@@ -4,10 +4,9 @@ Each side is a fresh process (one vLLM engine a process) serving the same random
 architecture scaled up, `forge_nb.tools.bundled_model.random_model`) in float32 through forge_nb's
 `VllmEngine`: `--loads` times `load_weights` of the model's own tensors scaled by a different factor each
 time (what a refresh hands the engine after its checks: one rank reads them in its process; two ranks read
-views of a /dev/shm file the generator writes them to, `forge_nb/engines/vllm_tp.py`), then greedy
-generation of `--prompts` x `--tokens` tokens. Both sides do the same work. On a CPU the two ranks split the
-cores (`VLLM_CPU_OMP_THREADS_BIND`): generation there says what TP costs on shared cores, not what it gains on
-GPUs.
+views of a memory file the generator writes them to, `forge_nb/engines/vllm_tp.py`), then greedy
+generation of `--prompts` x `--tokens` tokens. Both sides do the same work. On a CPU the two ranks share the
+cores: generation there says what TP costs on shared cores, not what it gains on GPUs.
 
     python benchmarks/vllm_tp.py [--width 1024] [--layers 8] [--vocab 32000] [--loads 5]
 """

@@ -76,8 +76,10 @@ class VllmEngine:
         self.tensor_parallel_size = tensor_parallel_size  # > 1: ranks in worker processes (`engines.vllm_tp`)
         self.eos_id: int = tokenizer.eos_token_id
         self.lora = None  # the LoRA adapter served (a vllm LoRARequest), when the policy is an adapter
-        # Where its weights live (its engine runs in this process): a refresh may stage them there.
-        self.device = torch.device(f"cuda:{torch.cuda.current_device()}" if torch.cuda.is_available() else "cpu")
+        # Where its weights live (its engine runs in this process): a refresh may stage them there. Ranks in
+        # other processes read host memory (`vllm_tp`): the staging stays there, no GPU copy beside rank 0's.
+        gpu = torch.cuda.is_available() and tensor_parallel_size == 1
+        self.device = torch.device(f"cuda:{torch.cuda.current_device()}" if gpu else "cpu")
 
     @classmethod
     def load(
@@ -100,13 +102,12 @@ class VllmEngine:
         `warm_up` runs one tiny generation, so the first real batch does not pay vLLM's lazy
         initialisation (~25 s on 2 CPU cores). `max_lora_rank` > 0 serves LoRA adapters of up to that
         rank (`use_adapter`). `tensor_parallel_size` > 1 splits the model over that many ranks, each a
-        worker process of vLLM's (started fresh: ``spawn``), on a GPU each or on its share of the cores.
+        worker process of vLLM's (started fresh: ``spawn``), on a GPU each, or sharing the cores.
         """
         _in_process_engine_env()
         if tensor_parallel_size > 1:
             os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")  # not a fork of a Monarch proc
-            if not torch.cuda.is_available():
-                os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", vllm_tp.cpu_binding(tensor_parallel_size))
+            os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")  # shared cores, as the mesh's (vllm_tp)
         log = Path(tempfile.gettempdir()) / f"forge_nb_vllm_{os.getpid()}.log"
         options = (max_model_len, seed, kv_cache_mb, gpu_memory_utilization, warm_up, max_lora_rank)
         with _output_to(log):
@@ -201,11 +202,11 @@ class VllmEngine:
         if self.tensor_parallel_size == 1:
             self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(named_tensors)})
         else:
-            path, layout = vllm_tp.write_weights(named_tensors)
+            fd, path, layout = vllm_tp.write_weights(named_tensors)
             try:
                 self.llm.collective_rpc(vllm_tp.reload_from_file, args=(path, layout))
             finally:
-                os.unlink(path)
+                os.close(fd)
         self.llm.reset_prefix_cache()
 
     def use_adapter(self, path: str, version: int) -> None:

@@ -2,24 +2,25 @@
 
 With one rank the engine runs in the generator's process and a refresh hands vLLM's ``reload_weights`` an
 iterator of tensors. A worker in another process cannot read that iterator, so with several ranks the
-generator writes the new version's tensors once into a file in ``/dev/shm`` (`write_weights`: one copy, at
-memory speed, of what the refresh already checked), and each rank maps that file and hands its own
-``reload_weights`` views of it (`reload_from_file`, run in every worker by ``collective_rpc``): vLLM's loader
-takes each rank's slice of a tensor from the view, so a rank reads only the pages of its slice. The file is
-removed once every rank has returned. What reaches it was checked whole first (the refresh's version checks),
-as for one rank; a rank that raised while loading fails the refresh, as one rank's reload does.
+generator writes the new version's tensors once into an anonymous memory file (`write_weights`: one copy, at
+memory speed, of what the refresh already checked; ``memfd_create``, so it is freed with its last descriptor
+even if the proc is killed, and no /dev/shm size limit applies), and each rank maps it through
+``/proc/PID/fd/N`` and hands its own ``reload_weights`` views of it (`reload_from_file`, run in every worker
+by ``collective_rpc``): vLLM's loader takes each rank's slice of a tensor from the view, so a rank reads only
+the pages of its slice. The file is closed after the call, whether it returned or raised. What reaches it was
+checked whole first (the refresh's version checks), as for one rank; a rank that raises while loading fails
+the refresh, and, as with one rank, what that rank had loaded stays (not yet handled: see the README).
 
-On CPU, vLLM binds each rank's OpenMP threads to cores of its own (``VLLM_CPU_OMP_THREADS_BIND``); unless
-that is set, `cpu_binding` splits the cores this process may use among the ranks.
+On a CPU the ranks share the cores as every proc of a local mesh does (each with the generator proc's
+``OMP_NUM_THREADS``, `forge_nb.actors.base`): vLLM's own binding of each rank to cores of its own is turned
+off (``VLLM_CPU_OMP_THREADS_BIND=nobind``) unless set, since it would pin ranks onto the trainer's cores and
+two replicas onto the same ones.
 """
 
 from __future__ import annotations
 
 import os
-import tempfile
-import uuid
 from collections.abc import Iterable
-from pathlib import Path
 
 import torch
 
@@ -28,25 +29,14 @@ Layout = dict[str, tuple[int, int, list[int], str]]
 ALIGN = 64  # bytes: every tensor starts at a multiple (a cache line; any element size divides it)
 
 
-def cpu_binding(ranks: int) -> str:
-    """``VLLM_CPU_OMP_THREADS_BIND`` for `ranks` ranks: this process's cores split in contiguous groups
-    ("0,1|2,3"), or "nobind" with fewer cores than ranks (the ranks then share them)."""
-    cores = sorted(os.sched_getaffinity(0))
-    if len(cores) < ranks:
-        return "nobind"
-    size = len(cores) // ranks
-    return "|".join(",".join(str(c) for c in cores[r * size : (r + 1) * size]) for r in range(ranks))
-
-
-def write_weights(named_tensors: Iterable[tuple[str, torch.Tensor]]) -> tuple[str, Layout]:
-    """Write the tensors one after another into a new file in /dev/shm (the temp folder without it) ->
-    (its path, its layout)."""
-    folder = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gettempdir())
-    path = folder / f"forge_nb-vllm-weights-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+def write_weights(named_tensors: Iterable[tuple[str, torch.Tensor]]) -> tuple[int, str, Layout]:
+    """Write the tensors one after another (each at a multiple of `ALIGN` bytes) into a new anonymous memory
+    file -> (its descriptor, which the caller closes; the path other processes open it by; its layout)."""
+    fd = os.memfd_create("forge_nb-vllm-weights", os.MFD_CLOEXEC)
     layout: Layout = {}
     offset = 0
     try:
-        with open(path, "wb") as f:
+        with open(fd, "wb", closefd=False) as f:
             for name, tensor in named_tensors:
                 data = tensor.detach().to("cpu").contiguous().view(-1).view(torch.uint8)
                 f.write(bytes(-offset % ALIGN))  # each tensor at a multiple of its element size (a view needs it)
@@ -55,9 +45,9 @@ def write_weights(named_tensors: Iterable[tuple[str, torch.Tensor]]) -> tuple[st
                 layout[name] = (offset, data.numel(), list(tensor.shape), str(tensor.dtype).removeprefix("torch."))
                 offset += data.numel()
     except BaseException:
-        path.unlink(missing_ok=True)  # /dev/shm is memory: a half-written file must not stay
+        os.close(fd)
         raise
-    return str(path), layout
+    return fd, f"/proc/{os.getpid()}/fd/{fd}", layout
 
 
 def reload_from_file(worker, path: str, layout: Layout) -> None:

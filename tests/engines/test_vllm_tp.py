@@ -1,5 +1,5 @@
 """vLLM with ``engine.tensor_parallel_size=2`` (its CPU build) behind the generator of a real session: two
-ranks, each a worker process of vLLM's on a core of its own, serve the bundled model; after every refresh
+ranks, each a worker process of vLLM's (sharing the cores), serve the bundled model; after every refresh
 both ranks serve the trainer's version (the generator's logprobs equal the trainer's at that version, which
 a rank left on the old weights would break), LoRA adapters too; `down()` leaves no process, vLLM's workers
 included."""
