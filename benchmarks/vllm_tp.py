@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import statistics
 import subprocess
@@ -61,7 +62,8 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--side", default="", help=argparse.SUPPRESS)  # internal: "MODEL,TP"
     args = parser.parse_args()
-    if args.side:
+    if args.side:  # as a generator proc of a session: torch's threads set before its import (mesh.threads_per_proc)
+        os.environ.setdefault("OMP_NUM_THREADS", str(len(os.sched_getaffinity(0))))
         model, tp = args.side.rsplit(",", 1)
         print(json.dumps(side(model, int(tp), args.loads, args.prompts, args.tokens)))
         return

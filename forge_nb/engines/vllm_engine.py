@@ -108,6 +108,8 @@ class VllmEngine:
         if tensor_parallel_size > 1:
             os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")  # not a fork of a Monarch proc
             os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")  # shared cores, as the mesh's (vllm_tp)
+            if not torch.cuda.is_available():  # the ranks split this proc's threads (the workers read it at start)
+                os.environ["OMP_NUM_THREADS"] = str(max(1, torch.get_num_threads() // tensor_parallel_size))
         log = Path(tempfile.gettempdir()) / f"forge_nb_vllm_{os.getpid()}.log"
         options = (max_model_len, seed, kv_cache_mb, gpu_memory_utilization, warm_up, max_lora_rank)
         with _output_to(log):

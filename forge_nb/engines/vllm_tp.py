@@ -11,10 +11,11 @@ the pages of its slice. The file is closed after the call, whether it returned o
 checked whole first (the refresh's version checks), as for one rank; a rank that raises while loading fails
 the refresh, and, as with one rank, what that rank had loaded stays (not yet handled: see the README).
 
-On a CPU the ranks share the cores as every proc of a local mesh does (each with the generator proc's
-``OMP_NUM_THREADS``, `forge_nb.actors.base`): vLLM's own binding of each rank to cores of its own is turned
-off (``VLLM_CPU_OMP_THREADS_BIND=nobind``) unless set, since it would pin ranks onto the trainer's cores and
-two replicas onto the same ones.
+On a CPU the ranks share the cores as every proc of a local mesh does, splitting the generator proc's
+threads (`forge_nb.actors.base` sets them: ``threads_per_proc``) among them: vLLM's own binding of each rank
+to cores of its own is turned off (``VLLM_CPU_OMP_THREADS_BIND=nobind``) unless set, since it would pin ranks
+onto the trainer's cores and two replicas onto the same ones; ranks with more threads than cores between them
+would spin against each other (far slower: `benchmarks/vllm_tp.py`, README).
 """
 
 from __future__ import annotations
