@@ -29,7 +29,7 @@ The server belongs to one `LocalMesh` (one session): `release` stops it with the
 notebook's down and up, the test suite's sessions; then `up()` imports nothing). It exits by itself when
 its standard input closes (the process that started it is gone, however it ended). A host worker's server
 (`forge_nb.mesh.workerforks`, meshes over several hosts) is this program too, started by the worker's
-first proc on a socket that proc bound (``--fd``); it exits when the worker does (``--watch``).
+first proc on a socket that proc bound (``--fd``); it exits when the worker does (its pidfd, ``--pidfd``).
 """
 
 from __future__ import annotations
