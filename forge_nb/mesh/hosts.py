@@ -17,7 +17,6 @@ call, so a hosts session must be the first Monarch use of its kernel (`HostsErro
 
 from __future__ import annotations
 
-import os
 import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -28,7 +27,7 @@ from monarch.actor import attach_to_workers, enable_transport
 
 from forge_nb.mesh import calls, workerforks
 from forge_nb.mesh.calls import wait
-from forge_nb.mesh.local import STOP_TIMEOUT_S, LocalMesh
+from forge_nb.mesh.local import STOP_TIMEOUT_S, LocalMesh, forks_wanted
 from forge_nb.mesh.placement import Placement
 
 ATTACH_TIMEOUT_S = 60.0
@@ -111,8 +110,7 @@ class PlacedMesh(LocalMesh):
         procs do (`LocalMesh._forks`), unless ``FORGE_NB_FORK_PROCS=0``. Not the roles that import no
         torch (`LIGHT_ROLES`): alone on a host, one would start a server only to import what it never uses."""
         gpus = any(self.placement.hosts[h].gpus > 0 for h in self.placement.host_indices(role))
-        off = os.environ.get("FORGE_NB_FORK_PROCS", "1") == "0"
-        if gpus or off or role.split("-")[0] in LIGHT_ROLES:
+        if gpus or not forks_wanted() or role.split("-")[0] in LIGHT_ROLES:
             return []
         return ["-m", "forge_nb.mesh.forkclient", workerforks.FLAG]
 

@@ -34,6 +34,11 @@ def proc_env() -> dict[str, str]:
     return {"GOMP_SPINCOUNT": SPINCOUNT}
 
 
+def forks_wanted() -> bool:
+    """Whether procs may fork from a fork server at all: unless ``FORGE_NB_FORK_PROCS=0``."""
+    return os.environ.get("FORGE_NB_FORK_PROCS", "1") != "0"
+
+
 STOP_TIMEOUT_S = 20.0  # a proc whose actor is wedged (a live function spinning) stops by its cleanup deadline
 
 
@@ -57,8 +62,7 @@ class LocalMesh:
         start is small next to loading a model onto a GPU; macOS's system libraries do not survive a
         fork after they start), unless ``FORGE_NB_FORK_PROCS=0``."""
         gpus = placement is not None and any(host.gpus > 0 for host in placement.hosts)
-        wanted = os.environ.get("FORGE_NB_FORK_PROCS", "1") != "0"
-        return self.forks_procs and wanted and not gpus and sys.platform.startswith("linux")
+        return self.forks_procs and forks_wanted() and not gpus and sys.platform.startswith("linux")
 
     def host(self, role: str) -> Any:
         """The host mesh `role`'s procs start on: this host."""
