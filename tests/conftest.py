@@ -75,7 +75,28 @@ def wait_no_children(timeout: float = 10.0, exclude: frozenset[int] = frozenset(
     deadline = time.monotonic() + timeout
     while (left := child_processes(exclude)) and time.monotonic() < deadline:
         time.sleep(0.1)
+    for p in left:  # shown with the failure: which process, started by what, doing what
+        print(f"left running: {describe(p)}")
     return left
+
+
+def describe(p: psutil.Process) -> str:
+    """A process for a failure message: its command line, its parent's, and its threads' names and states."""
+    try:
+        with p.oneshot():
+            parent = p.parent()
+            threads = []
+            for task in sorted(Path(f"/proc/{p.pid}/task").iterdir()):
+                name = (task / "comm").read_text().strip()
+                state = (task / "stat").read_text().rsplit(")", 1)[1].split()[0]
+                wchan = (task / "wchan").read_text().strip()
+                threads.append(f"{name}:{state}:{wchan}")
+            return (
+                f"pid {p.pid} {p.cmdline()} status {p.status()}, parent {p.ppid()} "
+                f"{parent.cmdline() if parent else None}, threads {threads}"
+            )
+    except (psutil.Error, OSError) as e:
+        return f"pid {p.pid} ({type(e).__name__} while describing it)"
 
 
 @pytest.fixture(scope="module")

@@ -50,6 +50,11 @@ def jupyter_lab(root: Path, token: str = "forge-nb-test") -> Iterator[str]:
     settings.mkdir(parents=True, exist_ok=True)
     # No "would you like to be notified about news" toast over the notebook.
     (settings / "notification.jupyterlab-settings").write_text(json.dumps({"fetchNews": "false"}))
+    # The notebook's own kernel (python3) starts with it, no "Select Kernel" dialog: Lab puts one up when the
+    # kernel specs come late (a loaded machine); behind it, a CI run's second cell never ran ("[ ]:" after the first).
+    tracker = root / "settings" / "@jupyterlab" / "notebook-extension"
+    tracker.mkdir(parents=True, exist_ok=True)
+    (tracker / "tracker.jupyterlab-settings").write_text(json.dumps({"autoStartDefaultKernel": True}))
     env = {
         **os.environ,
         "JUPYTERLAB_SETTINGS_DIR": str(root / "settings"),
