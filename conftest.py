@@ -52,14 +52,14 @@ MARKERS = {
     "tutorial": "a tutorial's cell, executed by nbval (make test-fast leaves these out)",
     "slurm": "starts the three-node Slurm of tests/slurm_cluster.py (one at a time: fixed ports)",
     "browser": "JupyterLab in Chromium (Playwright)",
-    "mesh": "in a file that starts a local Monarch mesh (forge_nb.up / resume, %forge up, the `session` fixture)",
+    "mesh": "in a file that starts a local Monarch mesh (forge_nb.up / resume, %forge up, `session`, LocalMesh)",
     "netns": "makes network-namespace hosts (forge_nb.tools.netns_hosts, root; skipped where they cannot be made)",
 }
 # What, in a test file's or notebook's text, says that it starts a Slurm or a browser.
 SLURM_SIGNS = ("LocalSlurm", "slurm_cluster")
 BROWSER_SIGNS = ("playwright", "chromium")
 NETNS_SIGNS = ("netns_hosts",)  # its namespaces, bridge and subnet are named after the pid: no fixed addresses
-MESH_SIGNS = re.compile(r"forge_nb\.(up|resume)\(|%forge up|(?<![\w.])(up|resume)\(|\bsession\)")
+MESH_SIGNS = re.compile(r"forge_nb\.(up|resume)\(|%forge up|(?<![\w.])(up|resume)\(|\bsession\)|\bLocalMesh\(")
 
 
 SLURM_FIXTURE = re.compile(r"def test_\w*\([^)]*\bslurm\b")

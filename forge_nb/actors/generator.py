@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,7 +18,8 @@ from forge_nb.engines import load_engine
 from forge_nb.engines.base import Completion, SamplingParams
 from forge_nb.lora.serve import ServedAdapter, read_adapter, served_adapter
 from forge_nb.weights.manifest import WeightManifest, checksum
-from forge_nb.weights.refresh import RefreshReport, WeightReceiver
+from forge_nb.weights.refresh import RefreshReport, TornWeights, WeightReceiver
+from forge_nb.weights.shards import whole_shapes
 from forge_nb.wire import Packed
 
 
@@ -93,8 +95,20 @@ class Generator(AsyncForgeActor):
         """The policy version served: the receiver's, once attached (it loads every refresh)."""
         return self.receiver.version if self.receiver is not None else self._loaded_version
 
+    def _whole(self) -> None:
+        """Refuse to serve weights that a failed load left a mix of two versions (`WeightReceiver.torn`)."""
+        if self.receiver is not None and self.receiver.torn is not None:
+            raise self._torn()
+
+    def _torn(self) -> TornWeights:
+        return TornWeights(
+            f"generator (pid {os.getpid()}): {self.receiver.torn}; it samples nothing until a refresh loads a "
+            "whole version (sync(), or the next step's)"
+        )
+
     @endpoint
     async def generate(self, prompts: list[str], sampling: SamplingParams) -> Generation:
+        self._whole()
         start = time.perf_counter()
         completions = self.engine.generate(prompts, sampling)
         return Generation(completions, self.version, time.perf_counter() - start)
@@ -105,6 +119,9 @@ class Generator(AsyncForgeActor):
         session; refreshes then move only bytes) -> the transport chosen ("cuda_ipc" between GPUs of the
         trainer's host, "shm" on its host, "tcp" elsewhere, or "rdma"; "shm+tcp" when ranks differ). With
         "group" this replica joins every trainer rank's broadcast group as `member` (replica i: i + 1)."""
+        check = getattr(self.engine, "check_weights", None)
+        if check is not None and self.adapter is None:  # (with LoRA the published tensors are the adapter's)
+            check(whole_shapes(manifests))  # a misfit is refused here, not half way through a refresh
         version = self.version  # what the engine serves now, kept by the new receiver
         make = lambda: WeightReceiver(manifests, version, transport, self.engine.device, member)  # noqa: E731
         # The old receiver stays until the new one stands (a failed attach leaves this replica as it was).
@@ -133,8 +150,13 @@ class Generator(AsyncForgeActor):
         """Load published `version` (batch boundary: never runs while `generate` does); with LoRA the
         published tensors are the adapter's."""
         if self.adapter is None:
-            return await self.receiver.refresh(version, self.engine.load_weights)
-        return await self.receiver.refresh(version, lambda named: self.adapter.load(named, version))
+            load = self.engine.load_weights
+        else:
+            load = lambda named: self.adapter.load(named, version)  # noqa: E731
+        try:
+            return await self.receiver.refresh(version, load)
+        except TornWeights as e:
+            raise self._torn() from e.__cause__
 
     # -- diagnostics: for tests and debugging, never on the training path ----------------------
 
@@ -151,4 +173,5 @@ class Generator(AsyncForgeActor):
         self, prompt_ids: list[list[int]], completion_ids: list[list[int]]
     ) -> tuple[list[list[float]], int]:
         """-> (teacher-forced logprobs at temperature 1 from the served weights, policy version)."""
+        self._whole()
         return self.engine.score(prompt_ids, completion_ids), self.version

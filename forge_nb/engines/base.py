@@ -47,6 +47,11 @@ def encode_prompts(tokenizer, prompts: Sequence[Prompt]) -> list[list[int]]:
     return [p if isinstance(p, list) else tokenizer(p)["input_ids"] for p in prompts]
 
 
+class WeightsRefused(ValueError):
+    """The tensors a trainer publishes do not fit the served model (a name it lacks, another shape): an
+    engine's optional ``check_weights(shapes)`` says so when a generator attaches, before any load."""
+
+
 class Engine(Protocol):
     def generate(self, prompts: Sequence[Prompt], sampling: SamplingParams) -> list[list[Completion]]:
         """`sampling.n` completions for every prompt: result[i][j] is sample j of prompt i."""
@@ -57,7 +62,8 @@ class Engine(Protocol):
         ...
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Replace the served weights (HF parameter names) in place, without a restart."""
+        """Replace the served weights (HF parameter names) in place, without a restart. An error may leave
+        some tensors replaced: the receiver then holds the replica torn (`weights.refresh.TornWeights`)."""
         ...
 
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:

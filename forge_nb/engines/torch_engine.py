@@ -11,14 +11,14 @@ CPU it is also the faster engine for small models (`benchmarks/engines.py`).
 from __future__ import annotations
 
 import inspect
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
 from forge_nb.engines import prefix_cache
-from forge_nb.engines.base import Prompt, SamplingParams, cut_at_stop, encode_prompts
+from forge_nb.engines.base import Prompt, SamplingParams, WeightsRefused, cut_at_stop, encode_prompts
 from forge_nb.padding import left_padded
 from forge_nb.parallel.device import resolve_device
 from forge_nb.rl.completion import Completion
@@ -175,6 +175,15 @@ class TorchEngine:
         """Teacher-forced logprobs (temperature 1) of each completion after its prompt."""
         return completion_logprobs(self.model, prompt_ids, completion_ids, self.pad_id, 1.0)
 
+    def check_weights(self, shapes: Mapping[str, tuple[int, ...]]) -> None:
+        """`WeightsRefused` unless every name of `shapes` is a parameter of this model of that shape: what a
+        trainer publishes is checked once, when a generator attaches, not half way through a load."""
+        params = dict(self.model.named_parameters())
+        misfits = [m for name, shape in shapes.items() if (m := _misfit(name, shape, params.get(name)))]
+        if misfits:
+            more = f" (and {len(misfits) - 1} more)" if len(misfits) > 1 else ""
+            raise WeightsRefused(f"the trainer's tensors do not fit the served model: {misfits[0]}{more}")
+
     @torch.no_grad()
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         self.prefixes.clear()  # kept keys/values belong to the weights that made them
@@ -184,6 +193,15 @@ class TorchEngine:
 
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         yield from ((n, p.detach()) for n, p in self.model.named_parameters())
+
+
+def _misfit(name: str, shape: tuple[int, ...], param: torch.Tensor | None) -> str:
+    """Why a tensor of `shape` cannot be loaded into `param` (named `name`), or "" when it can."""
+    if param is None:
+        return f"{name} is not a parameter of it"
+    if tuple(param.shape) != tuple(shape):
+        return f"{name} is {tuple(shape)}, the model's {tuple(param.shape)}"
+    return ""
 
 
 def _top_p_filter(probs: torch.Tensor, top_p: float) -> torch.Tensor:

@@ -28,6 +28,7 @@ from monarch.actor import ActorError
 from forge_nb.actors.generator import Generator
 from forge_nb.actors.reference import Reference
 from forge_nb.actors.trainer import Trainer
+from forge_nb.engines.base import WeightsRefused
 from forge_nb.mesh import supervision
 from forge_nb.mesh.calls import on_gang, wait
 from forge_nb.mesh.checker import ROLE as CHECKER
@@ -35,7 +36,7 @@ from forge_nb.mesh.envs import ROLE as ENV
 from forge_nb.mesh.judges import ROLE as JUDGE
 from forge_nb.mesh.supervision import SupervisionError
 from forge_nb.parallel.gang import GangError
-from forge_nb.weights.refresh import RefreshError
+from forge_nb.weights.refresh import RefreshError, TornWeights
 
 
 class TrainerLost(RuntimeError):
@@ -71,7 +72,10 @@ class Supervised:
             return call()
         except (SupervisionError, ActorError) as e:
             if not procs_lost(e):
-                raise
+                said = _said_by_forge_nb(e)
+                if said is e:
+                    raise
+                raise said from e
             with self._recovering:
                 if self._respawned_at.get(role, 0.0) < started:  # else another thread has just respawned it
                     self.respawn(role, cause_of(e))
@@ -153,6 +157,13 @@ class Supervised:
                 raise
             # The trainer published two versions since (async): that one is overwritten; serve the newest.
             self._refresh(self.versions.trained)
+
+
+def _said_by_forge_nb(error: SupervisionError | ActorError) -> Exception:
+    """The exception a proc raised when its message is meant for the user (a refresh refused or torn), in
+    place of Monarch's wrapper around it; else `error` itself."""
+    inner = getattr(error, "exception", None)
+    return inner if isinstance(inner, (RefreshError, TornWeights, WeightsRefused)) else error
 
 
 def procs_lost(error: SupervisionError | ActorError) -> bool:

@@ -34,6 +34,7 @@ def user_errors() -> tuple[type[BaseException], ...]:
     from forge_nb.agents.tools import UnknownToolError
     from forge_nb.agents.trajectory import TemplateRewriteError
     from forge_nb.config import ConfigError
+    from forge_nb.engines.base import WeightsRefused
     from forge_nb.live.capture import LiveCodeError
     from forge_nb.loop import RunError
     from forge_nb.mesh.hosts import HostLost, HostsError
@@ -41,7 +42,7 @@ def user_errors() -> tuple[type[BaseException], ...]:
     from forge_nb.mesh.slurm import SlurmError
     from forge_nb.models.registry import ModelError
     from forge_nb.state import SessionError
-    from forge_nb.weights.refresh import RefreshError
+    from forge_nb.weights.refresh import RefreshError, TornWeights
 
     return (
         ConfigError,
@@ -50,6 +51,8 @@ def user_errors() -> tuple[type[BaseException], ...]:
         ModelError,
         RunError,
         RefreshError,
+        TornWeights,
+        WeightsRefused,
         TrainerLost,
         CheckpointLost,
         HostLost,

@@ -10,6 +10,8 @@ for real RDMA NICs; over Monarch's TCP fallback it is the slower of the two).
 Either way the bytes land in a staging buffer and are checked before anything is loaded: the
 header must hold the requested version and the publisher's nonce both before and after the copy,
 so a version overwritten mid-read (the trainer two versions ahead) is refused, never half-loaded.
+A load that fails part way (a vLLM rank lost, memory) leaves the replica `torn` until a later refresh
+loads a whole version: its generator refuses to sample from a mix of two versions meanwhile.
 From a sharded trainer every rank's buffers are copied at once (each rank's link carries its share)
 and a version is loaded only when every rank's copy passed that check (`weights.shards`).
 """
@@ -35,6 +37,10 @@ TRANSPORTS = ("auto", "cuda_ipc", "shm", "tcp", "rdma", "group")
 
 class RefreshError(RuntimeError):
     """The bytes read are not the version that was asked for; nothing was loaded."""
+
+
+class TornWeights(RuntimeError):
+    """A load failed part way: the weights served are neither the version before nor the one asked for."""
 
 
 @dataclass(frozen=True)
@@ -100,6 +106,7 @@ class WeightReceiver:
         if len(self.manifests) > 1:
             check_cover(self.manifests)
         self.version = version
+        self.torn: str | None = None  # why a load failed part way, until one loads a whole version
         self.sources = [_Source(m, transport, torch.device(device), member) for m in self.manifests]
         self.collective = transport == "group"  # every refresh is a broadcast the trainer sends: never skipped
         self.nbytes = sum(m.nbytes for m in self.manifests)
@@ -108,10 +115,12 @@ class WeightReceiver:
     async def refresh(self, version: int, load: Callable[[Iterable[tuple[str, torch.Tensor]]], None]) -> RefreshReport:
         """Copy published `version` from every rank, check each copy, then `load` the named whole tensors.
 
-        A refresh to the version already served moves nothing and reports ``skipped=True``.
+        A refresh to the version already served moves nothing and reports ``skipped=True`` (unless the last
+        load failed part way: then it loads again). A `load` that raises leaves this receiver `torn` and
+        raises `TornWeights`: whatever it replaced, the served weights are a mix until a load completes.
         """
         previous = self.version
-        if version == previous and not self.collective:
+        if version == previous and not self.collective and self.torn is None:
             return RefreshReport(previous, previous, 0, 0.0, 0.0, True, self.transport)
         start = time.perf_counter()
         if any(source.nccl for source in self.sources):
@@ -122,8 +131,12 @@ class WeightReceiver:
         transferred = time.perf_counter()
         for source, after in zip(self.sources, afters):
             source.check(version, after)
-        load(assembled(self.manifests, [source.staging for source in self.sources]))
-        self.version = version
+        try:
+            load(assembled(self.manifests, [source.staging for source in self.sources]))
+        except Exception as e:
+            self.torn = f"loading v{version} over v{previous} failed part way ({type(e).__name__}: {e})"
+            raise TornWeights(self.torn) from e
+        self.version, self.torn = version, None
         end = time.perf_counter()
         return RefreshReport(version, previous, self.nbytes, end - start, transferred - start, False, self.transport)
 

@@ -60,3 +60,11 @@ def assembled(
         pieces = sorted(range(len(order)), key=lambda r: slots[r][k].row_start)
         parts = [per_rank[r][k][1] for r in pieces if per_rank[r][k][1].numel()]
         yield name, parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)
+
+
+def whole_shapes(manifests: Sequence[WeightManifest]) -> dict[str, tuple[int, ...]]:
+    """name -> the shape of the whole tensor the ranks of `manifests` publish (a shard's rows: all of them)."""
+    return {
+        slot.name: slot.shape if slot.whole_rows is None else (slot.whole_rows, *slot.shape[1:])
+        for slot in manifests[0].slots
+    }

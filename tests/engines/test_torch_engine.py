@@ -1,7 +1,9 @@
+import re
+
 import pytest
 import torch
 
-from forge_nb.engines.base import SamplingParams
+from forge_nb.engines.base import SamplingParams, WeightsRefused
 from forge_nb.engines.torch_engine import TorchEngine, _top_p_filter
 from forge_nb.models import BUNDLED_MODEL
 from forge_nb.rl.batch import collate, token_logprobs
@@ -73,6 +75,16 @@ def test_load_weights_replaces_the_served_weights(engine):
     engine.load_weights(original.items())
     after = engine.generate(["5+5="], SamplingParams(temperature=0.0, max_tokens=4))[0][0]
     assert after.token_ids == before.token_ids
+
+
+def test_tensors_that_do_not_fit_are_refused_before_a_load(engine):
+    shapes = {n: tuple(t.shape) for n, t in engine.named_weights()}
+    engine.check_weights(shapes)  # its own: fine
+    name = next(iter(shapes))
+    with pytest.raises(WeightsRefused, match=rf"{name} is \(1, 2\), the model's {re.escape(str(shapes[name]))}"):
+        engine.check_weights({**shapes, name: (1, 2)})
+    with pytest.raises(WeightsRefused, match=r"lora_A is not a parameter of it \(and 1 more\)"):
+        engine.check_weights({"lora_A": (4, 4), "lora_B": (4, 4)})
 
 
 def test_stop_string_ends_the_completion_after_the_token_that_completes_it(engine):

@@ -7,7 +7,7 @@ import torch
 
 from forge_nb.weights.manifest import WeightManifest, checksum, host_id
 from forge_nb.weights.publish import WeightPublisher
-from forge_nb.weights.refresh import RefreshError, RefreshReport, WeightReceiver
+from forge_nb.weights.refresh import RefreshError, RefreshReport, TornWeights, WeightReceiver
 
 
 def _receiver(publisher: WeightPublisher) -> WeightReceiver:
@@ -47,6 +47,29 @@ def test_a_version_overwritten_before_the_read_is_refused_and_nothing_loads():
     loaded = {}
     asyncio.run(receiver.refresh(3, _load_into(loaded)))
     assert torch.equal(loaded["w"], torch.full((2,), 3.0))
+
+
+def test_a_load_that_fails_part_way_leaves_the_receiver_torn_until_a_whole_version_loads():
+    weights = {"a": torch.zeros(2), "b": torch.zeros(3)}
+    publisher = WeightPublisher(weights.items(), version=0)
+    receiver, served = _receiver(publisher), {n: t.clone() for n, t in weights.items()}
+
+    def fails_after_one(named):  # as vLLM's load when a rank is lost: some tensors replaced, then an error
+        name, tensor = next(iter(named))
+        served[name] = tensor.clone()
+        raise RuntimeError("rank 1 is gone")
+
+    publisher.publish([(n, t + 1) for n, t in weights.items()], version=1)
+    with pytest.raises(TornWeights, match=r"loading v1 over v0 failed part way \(RuntimeError: rank 1 is gone\)"):
+        asyncio.run(receiver.refresh(1, fails_after_one))
+    assert receiver.version == 0 and "v1 over v0" in receiver.torn
+    assert torch.equal(served["a"], torch.ones(2)) and torch.equal(served["b"], torch.zeros(3))  # a mix
+    # Back to the version it served before (a checkpoint restored): not skipped, a torn one loads whole.
+    publisher.publish(weights.items(), version=0)
+    report = asyncio.run(receiver.refresh(0, _load_into(served)))
+    assert not report.skipped and receiver.torn is None and receiver.version == 0
+    assert checksum(served.items()) == checksum(weights.items())
+    publisher.unlink()
 
 
 def test_publish_is_a_snapshot_not_a_view_of_live_parameters():

@@ -10,7 +10,7 @@ import torch
 from forge_nb.weights.manifest import WeightManifest, checksum, host_id
 from forge_nb.weights.publish import WeightPublisher
 from forge_nb.weights.refresh import RefreshError, WeightReceiver
-from forge_nb.weights.shards import ShardMismatch, check_cover
+from forge_nb.weights.shards import ShardMismatch, check_cover, whole_shapes
 
 WHOLE = {"embed": torch.randn(5, 4), "norm": torch.randn(3), "lm_head": torch.randn(4, 2)}
 
@@ -86,5 +86,14 @@ def test_manifests_that_do_not_cover_the_model_are_refused():
     shifted = [dataclasses.replace(s, row_start=s.row_start + 1) for s in manifests[1].slots]
     with pytest.raises(ShardMismatch, match="rows from"):
         check_cover([manifests[0], dataclasses.replace(manifests[1], slots=tuple(shifted))])
+    for p in publishers:
+        p.unlink()
+
+
+def test_whole_shapes_are_what_the_ranks_publish_together():
+    publishers = _publishers(WHOLE, ranks=3)  # norm's 3 rows: one a rank (and lm_head's 4: 2, 2, 0)
+    manifests = [_manifest(p) for p in publishers]
+    assert whole_shapes(manifests) == {name: tuple(t.shape) for name, t in WHOLE.items()}
+    assert whole_shapes(manifests[:1]) == whole_shapes(manifests)  # any rank's manifest names the whole
     for p in publishers:
         p.unlink()

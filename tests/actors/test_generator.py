@@ -1,0 +1,58 @@
+"""The generator actor in a real proc: a refresh whose load fails part way never serves the mix."""
+
+from __future__ import annotations
+
+import pytest
+from monarch.actor import ActorError
+
+from forge_nb.actors.generator import GeneratorSpec
+from forge_nb.engines.base import SamplingParams
+from forge_nb.engines.torch_engine import TorchEngine
+from forge_nb.mesh.calls import wait
+from forge_nb.mesh.local import LocalMesh
+from forge_nb.models import BUNDLED_MODEL
+from forge_nb.weights.manifest import WeightManifest, checksum, host_id
+from forge_nb.weights.publish import WeightPublisher
+from tests.actors.tearing import TearingGenerator
+from tests.conftest import wait_no_children
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=4)
+
+
+@pytest.fixture
+def generator():
+    """A TearingGenerator on the bundled model in its own proc, attached to a publisher of that model's
+    weights (this process: the trainer's side) -> (actor, publisher, the weights published)."""
+    weights = {n: t.clone() for n, t in TorchEngine.load(BUNDLED_MODEL).named_weights()}
+    publisher = WeightPublisher(weights.items(), version=0)
+    p = publisher
+    manifest = WeightManifest(p.slots, p.nbytes, p.nonce, host_id(), p.chunk_bytes, (), p.shm_paths)
+    mesh = LocalMesh()
+    try:
+        actor = mesh.spawn("generator", TearingGenerator, GeneratorSpec(str(BUNDLED_MODEL), "float32", 1))
+        assert wait(actor.attach.call_one([manifest], "shm")) == "shm"
+        yield actor, publisher, weights
+    finally:
+        mesh.stop()
+        publisher.unlink()
+    assert wait_no_children() == []
+
+
+def test_a_load_that_fails_part_way_is_reported_and_nothing_is_sampled_until_a_whole_version_loads(generator):
+    actor, publisher, weights = generator
+    before = wait(actor.generate.call_one(["5+5="], GREEDY)).completions[0][0].token_ids
+    publisher.publish([(n, t + 0.01) for n, t in weights.items()], version=1)
+    wait(actor.tear_next_load.call_one())
+    torn = r"generator \(pid \d+\): loading v1 over v0 failed part way \(RuntimeError: vLLM rank 1 is gone\).*sync\(\)"
+    with pytest.raises(ActorError, match=torn):
+        wait(actor.refresh.call_one(1))
+    for call in (lambda: actor.generate.call_one(["5+5="], GREEDY), lambda: actor.score.call_one([[1, 2]], [[3]])):
+        with pytest.raises(ActorError, match=torn):
+            wait(call())
+    assert wait(actor.served.call_one()) == 0  # (what it served whole last; the mix is refused, not served)
+    report = wait(actor.refresh.call_one(1))  # the same version again: a whole load this time
+    assert (report.version, report.skipped) == (1, False)
+    assert wait(actor.checksum.call_one()) == (1, checksum((n, t + 0.01) for n, t in weights.items()))
+    publisher.publish(weights.items(), version=2)  # v0's weights again: the same greedy tokens as before
+    wait(actor.refresh.call_one(2))
+    assert wait(actor.generate.call_one(["5+5="], GREEDY)).completions[0][0].token_ids == before
