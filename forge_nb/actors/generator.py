@@ -103,7 +103,7 @@ class Generator(AsyncForgeActor):
     def _torn(self) -> TornWeights:
         return TornWeights(
             f"generator (pid {os.getpid()}): {self.receiver.torn}; it samples nothing until a refresh loads a "
-            "whole version (sync(), or the next step's)"
+            "whole version (s.sync())"
         )
 
     @endpoint
