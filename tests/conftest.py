@@ -99,6 +99,16 @@ def describe(p: psutil.Process) -> str:
         return f"pid {p.pid} ({type(e).__name__} while describing it)"
 
 
+@pytest.fixture(scope="module", autouse=True)
+def no_process_left_by_the_module(request):
+    """Every module stops what it started: checked once its own fixtures are down (this one, autouse, is set
+    up before them and torn down after). Processes an earlier module left are not this one's to answer for."""
+    before = frozenset(p.pid for p in child_processes())
+    yield
+    left = wait_no_children(exclude=before)
+    assert left == [], f"{request.module.__name__} left processes running (described above)"
+
+
 @pytest.fixture(scope="module")
 def session():
     """A real local mesh with the bundled model (small batch to keep tests quick)."""

@@ -1,14 +1,16 @@
 """A live-code deadline counts the code's own seconds: not those its thread waits for a CPU that other
 processes hold (a loaded 2-core machine), while code that sleeps or spins for ever still times out."""
 
-import multiprocessing
 import os
+import subprocess
+import sys
 import threading
 import time
 
 import pytest
 
 from forge_nb.live.deadline import run_queue_s, start_thread, wait_for
+from tests.conftest import wait_no_children
 
 pytestmark = pytest.mark.skipif(not os.path.exists("/proc/thread-self/schedstat"), reason="Linux schedstat")
 
@@ -19,19 +21,16 @@ def spin(seconds: float) -> None:
         pass
 
 
-def _hog(cpu: int) -> None:
-    os.sched_setaffinity(0, {cpu})
-    while True:
-        pass
+HOG = "import os, sys\nos.sched_setaffinity(0, {int(sys.argv[1])})\nwhile True:\n    pass"
 
 
 @pytest.fixture
 def one_busy_cpu():
-    """This process on one CPU that three spinning processes share with it; restored after."""
+    """This process on one CPU that three spinning processes share with it; restored after. (Plain
+    subprocesses: multiprocessing's spawn would also start its resource tracker, a child of this process that
+    outlives the test and fails the next module's no-process-left check.)"""
     cpu, before = min(os.sched_getaffinity(0)), os.sched_getaffinity(0)
-    hogs = [multiprocessing.get_context("spawn").Process(target=_hog, args=(cpu,), daemon=True) for _ in range(3)]
-    for h in hogs:
-        h.start()
+    hogs = [subprocess.Popen([sys.executable, "-c", HOG, str(cpu)]) for _ in range(3)]
     os.sched_setaffinity(0, {cpu})
     try:
         yield
@@ -39,7 +38,8 @@ def one_busy_cpu():
         os.sched_setaffinity(0, before)
         for h in hogs:
             h.kill()
-            h.join()
+            h.wait()
+    assert wait_no_children() == []
 
 
 def _run(fn, budget: float) -> tuple[bool, float, float]:
