@@ -55,7 +55,7 @@ system-deps:
 # The whole suite in two pytest-xdist workers (TEST_WORKERS=0: serially, in file order): each test file is one group
 # on one worker (its module fixtures start once) and everything that starts the local Slurm one group ("slurm":
 # fixed ports); conftest.py assigns both at collection, longest group first (tests/durations.json). Measured on a
-# fresh clone, 2-core machine: 786 passed in 21-22 min with two workers (three were slower: CPU-bound).
+# fresh clone, 2-core machine: 806 passed in 18 min 10 s with two workers (three were slower: CPU-bound).
 # `make test PYTEST_ARGS=...` passes options on, e.g. PYTEST_ARGS="--random-order-seed=1234" for a random order.
 TEST_WORKERS ?= 2
 PYTEST_ARGS ?=
