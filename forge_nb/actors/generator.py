@@ -103,7 +103,7 @@ class Generator(AsyncForgeActor):
     def _torn(self) -> TornWeights:
         return TornWeights(
             f"generator (pid {os.getpid()}): {self.receiver.torn}; it samples nothing until a refresh loads a "
-            "whole version (s.sync())"
+            "whole version (the session replaces it, as a dead one, and calls again)"
         )
 
     @endpoint
@@ -123,10 +123,12 @@ class Generator(AsyncForgeActor):
         if check is not None and self.adapter is None:  # (with LoRA the published tensors are the adapter's)
             check(whole_shapes(manifests))  # a misfit is refused here, not half way through a refresh
         version = self.version  # what the engine serves now, kept by the new receiver
+        torn = self.receiver.torn if self.receiver is not None else None  # and a torn load stays torn
         make = lambda: WeightReceiver(manifests, version, transport, self.engine.device, member)  # noqa: E731
         # The old receiver stays until the new one stands (a failed attach leaves this replica as it was).
-        self.receiver = await asyncio.to_thread(make) if transport == "group" else make()
-        return self.receiver.transport
+        receiver = await asyncio.to_thread(make) if transport == "group" else make()
+        receiver.torn, self.receiver = torn, receiver
+        return receiver.transport
 
     @endpoint
     async def served(self) -> int:
@@ -137,6 +139,7 @@ class Generator(AsyncForgeActor):
     async def save_weights(self, path: str) -> int:
         """Write the weights served now as `path`/model.safetensors (HF names: the torch engine only;
         vLLM keeps its own fused layout), or with LoRA the adapter served -> their policy version."""
+        self._whole()
         if self.adapter is not None:
             self.adapter.save(path)
             return self.version
@@ -164,6 +167,7 @@ class Generator(AsyncForgeActor):
     async def checksum(self) -> tuple[int, str]:
         """(policy version, checksum of the served weights in the engine's own layout; with LoRA, of the
         adapter served, comparable with the trainer's)."""
+        self._whole()  # a torn replica's weights are no version
         if self.adapter is not None:
             return self.version, checksum(self.adapter.tensors.items())
         return self.version, checksum(self.engine.named_weights())

@@ -11,6 +11,8 @@ the same samples. The trainer holds state no other proc has: it is restored from
 the last checkpoint when `checkpoint.on_trainer_failure` is "restore", else its death is `TrainerLost`.
 A trainer gang (`mesh.trainer_procs` > 1) is one role: one rank that dies, or hangs until its peers'
 collectives time out (`GangError`, after `trainer.collective_timeout_s`), restarts all of them.
+A generator that a refresh left torn (`weights.refresh.TornWeights`: a load failed part way, a vLLM rank lost)
+is replaced as a dead one is: its fresh procs load a whole version, and the call is issued again.
 
 `Supervised` is a part of `mesh.roles.Roles` (it uses the role meshes, specs and versions Roles keeps).
 """
@@ -71,14 +73,17 @@ class Supervised:
         try:
             return call()
         except (SupervisionError, ActorError) as e:
-            if not procs_lost(e):
+            # A generator a failed load left torn is replaced like a dead one (its engine may be gone with a
+            # vLLM rank): fresh procs load a whole version. Whoever called it (an env proc too).
+            lost = "generator" if isinstance(innermost(e), TornWeights) else role if procs_lost(e) else None
+            if lost is None:
                 said = _said_by_forge_nb(e)
                 if said is e:
                     raise
                 raise said from e
             with self._recovering:
-                if self._respawned_at.get(role, 0.0) < started:  # else another thread has just respawned it
-                    self.respawn(role, cause_of(e))
+                if self._respawned_at.get(lost, 0.0) < started:  # else another thread has just respawned it
+                    self.respawn(lost, cause_of(e))
             return call()
 
     def heal(self) -> None:
@@ -159,10 +164,18 @@ class Supervised:
             self._refresh(self.versions.trained)
 
 
-def _said_by_forge_nb(error: SupervisionError | ActorError) -> Exception:
+def innermost(error: BaseException) -> BaseException:
+    """The exception a proc raised, through Monarch's wrappers (a call an env proc made to a generator
+    comes wrapped twice)."""
+    while isinstance(error, ActorError) and isinstance(error.exception, BaseException) and error.exception is not error:
+        error = error.exception
+    return error
+
+
+def _said_by_forge_nb(error: SupervisionError | ActorError) -> BaseException:
     """The exception a proc raised when its message is meant for the user (a refresh refused or torn), in
-    place of Monarch's wrapper around it; else `error` itself."""
-    inner = getattr(error, "exception", None)
+    place of Monarch's wrappers around it; else `error` itself."""
+    inner = innermost(error)
     return inner if isinstance(inner, (RefreshError, TornWeights, WeightsRefused)) else error
 
 

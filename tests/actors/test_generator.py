@@ -22,7 +22,7 @@ GREEDY = SamplingParams(temperature=0.0, max_tokens=4)
 @pytest.fixture
 def generator():
     """A TearingGenerator on the bundled model in its own proc, attached to a publisher of that model's
-    weights (this process: the trainer's side) -> (actor, publisher, the weights published)."""
+    weights (this process: the trainer's side) -> (actor, publisher, the weights published, their manifest)."""
     weights = {n: t.clone() for n, t in TorchEngine.load(BUNDLED_MODEL).named_weights()}
     publisher = WeightPublisher(weights.items(), version=0)
     p = publisher
@@ -31,24 +31,34 @@ def generator():
     try:
         actor = mesh.spawn("generator", TearingGenerator, GeneratorSpec(str(BUNDLED_MODEL), "float32", 1))
         assert wait(actor.attach.call_one([manifest], "shm")) == "shm"
-        yield actor, publisher, weights
+        yield actor, publisher, weights, manifest
     finally:
         mesh.stop()
         publisher.unlink()
     assert wait_no_children() == []
 
 
-def test_a_load_that_fails_part_way_is_reported_and_nothing_is_sampled_until_a_whole_version_loads(generator):
-    actor, publisher, weights = generator
+def test_a_load_that_fails_part_way_is_reported_and_nothing_is_sampled_until_a_whole_version_loads(generator, tmp_path):
+    actor, publisher, weights, manifest = generator
     before = wait(actor.generate.call_one(["5+5="], GREEDY)).completions[0][0].token_ids
     publisher.publish([(n, t + 0.01) for n, t in weights.items()], version=1)
     wait(actor.tear_next_load.call_one())
-    torn = r"generator \(pid \d+\): loading v1 over v0 failed part way \(RuntimeError: vLLM rank 1 is gone\).*sync\(\)"
+    torn = r"generator \(pid \d+\): loading v1 over v0 failed part way \(RuntimeError: vLLM rank 1 is gone\).*replaces it"
     with pytest.raises(ActorError, match=torn):
         wait(actor.refresh.call_one(1))
-    for call in (lambda: actor.generate.call_one(["5+5="], GREEDY), lambda: actor.score.call_one([[1, 2]], [[3]])):
+    refused = (
+        lambda: actor.generate.call_one(["5+5="], GREEDY),
+        lambda: actor.score.call_one([[1, 2]], [[3]]),
+        lambda: actor.checksum.call_one(),
+        lambda: actor.save_weights.call_one(str(tmp_path / "served")),
+    )
+    for call in refused:
         with pytest.raises(ActorError, match=torn):
             wait(call())
+    assert not (tmp_path / "served").exists()
+    assert wait(actor.attach.call_one([manifest], "shm")) == "shm"  # attached again (a trainer restored): still torn
+    with pytest.raises(ActorError, match=torn):
+        wait(actor.generate.call_one(["5+5="], GREEDY))
     assert wait(actor.served.call_one()) == 0  # (what it served whole last; the mix is refused, not served)
     report = wait(actor.refresh.call_one(1))  # the same version again: a whole load this time
     assert (report.version, report.skipped) == (1, False)
