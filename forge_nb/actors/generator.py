@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -95,6 +98,28 @@ class Generator(AsyncForgeActor):
         """The policy version served: the receiver's, once attached (it loads every refresh)."""
         return self.receiver.version if self.receiver is not None else self._loaded_version
 
+    @contextlib.contextmanager
+    def _serving(self) -> Iterator[None]:
+        """Around each use of the engine: an engine lost for good (vLLM over several ranks, one of whose
+        worker processes died) ends this proc, before the call or when the call fails, so that Monarch reports
+        it dead and the session starts the generator afresh, as it does a killed one (`mesh.recovery`)."""
+        self._end_if_lost()
+        try:
+            yield
+        except Exception:
+            self._end_if_lost()
+            raise
+
+    def _end_if_lost(self) -> None:
+        lost = getattr(self.engine, "lost", None)
+        why = lost() if lost is not None else None
+        if why:
+            print(
+                f"forge_nb generator (pid {os.getpid()}): {why}: ending this proc to be started afresh", file=sys.stderr
+            )
+            sys.stderr.flush()
+            os._exit(1)
+
     def _whole(self) -> None:
         """Refuse to serve weights that a failed load left a mix of two versions (`WeightReceiver.torn`)."""
         if self.receiver is not None and self.receiver.torn is not None:
@@ -110,7 +135,8 @@ class Generator(AsyncForgeActor):
     async def generate(self, prompts: list[str], sampling: SamplingParams) -> Generation:
         self._whole()
         start = time.perf_counter()
-        completions = self.engine.generate(prompts, sampling)
+        with self._serving():
+            completions = self.engine.generate(prompts, sampling)
         return Generation(completions, self.version, time.perf_counter() - start)
 
     @endpoint
@@ -144,7 +170,8 @@ class Generator(AsyncForgeActor):
             self.adapter.save(path)
             return self.version
         Path(path).mkdir(parents=True, exist_ok=True)
-        tensors = {name: t.contiguous() for name, t in self.engine.named_weights()}
+        with self._serving():
+            tensors = {name: t.contiguous() for name, t in self.engine.named_weights()}
         save_file(tensors, str(Path(path) / "model.safetensors"), metadata={"format": "pt"})
         return self.version
 
@@ -157,7 +184,8 @@ class Generator(AsyncForgeActor):
         else:
             load = lambda named: self.adapter.load(named, version)  # noqa: E731
         try:
-            return await self.receiver.refresh(version, load)
+            with self._serving():  # (a rank lost mid-load ends this proc: the session starts it afresh)
+                return await self.receiver.refresh(version, load)
         except TornWeights as e:
             raise self._torn() from e.__cause__
 
@@ -170,7 +198,8 @@ class Generator(AsyncForgeActor):
         self._whole()  # a torn replica's weights are no version
         if self.adapter is not None:
             return self.version, checksum(self.adapter.tensors.items())
-        return self.version, checksum(self.engine.named_weights())
+        with self._serving():
+            return self.version, checksum(self.engine.named_weights())
 
     @endpoint
     async def score(
@@ -178,4 +207,5 @@ class Generator(AsyncForgeActor):
     ) -> tuple[list[list[float]], int]:
         """-> (teacher-forced logprobs at temperature 1 from the served weights, policy version)."""
         self._whole()
-        return self.engine.score(prompt_ids, completion_ids), self.version
+        with self._serving():
+            return self.engine.score(prompt_ids, completion_ids), self.version

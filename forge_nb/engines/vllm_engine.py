@@ -197,6 +197,14 @@ class VllmEngine:
             for p, c, out in zip(prompt_ids, completion_ids, outputs)
         ]
 
+    def lost(self) -> str | None:
+        """What ended this engine for good, or None: with several ranks, vLLM shuts its executor down when a
+        rank's worker process dies, and every later call fails ("Executor failed.")."""
+        executor = getattr(self.llm.llm_engine, "model_executor", None)
+        if self.tensor_parallel_size > 1 and getattr(executor, "is_failed", False):
+            return vllm_tp.lost_ranks(executor)
+        return None
+
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Load HF-named tensors into the running model (vLLM fuses, repacks and converts them as on
         a cold load), then drop the prefix cache: its KV entries were computed with the old weights. With

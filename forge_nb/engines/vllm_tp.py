@@ -65,6 +65,12 @@ def reload_from_file(worker, path: str, layout: Layout) -> None:
     worker.reload_weights(weights_iterator=views())
 
 
+def lost_ranks(executor) -> str:
+    """What a failed multiprocess `executor` lost: the worker processes no longer alive."""
+    died = [w.proc.name for w in getattr(executor, "workers", None) or [] if not w.proc.is_alive()]
+    return f"vLLM's worker {', '.join(died) or 'process'} died and vLLM shut its executor down"
+
+
 def named_parameters(worker) -> list[tuple[str, torch.Tensor]]:
     """In a vLLM worker: its rank's parameters (vLLM's names and layout, its slice), on the CPU."""
     model = worker.model_runner.get_model()

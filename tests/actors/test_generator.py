@@ -43,7 +43,7 @@ def test_a_load_that_fails_part_way_is_reported_and_nothing_is_sampled_until_a_w
     before = wait(actor.generate.call_one(["5+5="], GREEDY)).completions[0][0].token_ids
     publisher.publish([(n, t + 0.01) for n, t in weights.items()], version=1)
     wait(actor.tear_next_load.call_one())
-    torn = r"generator \(pid \d+\): loading v1 over v0 failed part way \(RuntimeError: vLLM rank 1 is gone\).*replaces it"
+    torn = r"generator \(pid \d+\): loading v1 over v0 failed part way \(RuntimeError: vLLM rank 1 is gone\).*replaces"
     with pytest.raises(ActorError, match=torn):
         wait(actor.refresh.call_one(1))
     refused = (

@@ -62,14 +62,34 @@ def test_lora_at_two_ranks_serves_the_trainers_adapter():
     assert wait_no_children(exclude=running) == []
 
 
-def test_two_ranks_serve_each_version_the_trainer_holds(s):
+def vllm_ranks(s) -> list[psutil.Process]:
+    """The worker processes of vLLM's ranks under the session's generator proc."""
     generator = psutil.Process(next(r["pid"] for r in s.status()["placement"] if r["role"] == "generator"))
-    ranks = [p for p in generator.children(recursive=True) if p.name().startswith("VLLM::Worker")]
-    assert len(ranks) == 2, [(p.name(), p.cmdline()) for p in generator.children(recursive=True)]
+    return [p for p in generator.children(recursive=True) if p.name().startswith("VLLM::Worker")]
+
+
+def test_two_ranks_serve_each_version_the_trainer_holds(s):
+    ranks = vllm_ranks(s)
+    assert len(ranks) == 2, [(p.name(), p.cmdline()) for p in ranks]
     assert agreement(s) < TOLERANCE
-    before = s.checksums()["generator"]
+    before, v = s.checksums()["generator"], s.trainer_version  # (v0 unless another test of the module stepped)
     m = s.step(2)
-    assert m["policy_version"].tolist() == [1, 2] and (m["refresh_bytes"] > 0).all()
+    assert m["policy_version"].tolist() == [v + 1, v + 2] and (m["refresh_bytes"] > 0).all()
     after = s.checksums()["generator"]
-    assert after[0] == 2 and after[1] != before[1]
+    assert after[0] == v + 2 and after[1] != before[1]
     assert agreement(s) < TOLERANCE  # both ranks took version 2: the logprobs are the trainer's
+
+
+def test_a_rank_that_dies_ends_its_generator_and_the_session_starts_it_afresh(s):
+    """vLLM shuts its executor down for good when a rank's worker dies: the generator proc ends itself (Monarch
+    reports it dead), the next call starts a fresh one with two ranks, and it serves the trainer's version."""
+    s.step(1)
+    old = s.pids["generator"]
+    ranks = vllm_ranks(s)
+    ranks[1].kill()
+    rollout = s.rollout()  # the dead engine's proc ended; the call was issued again on a fresh one
+    assert len(rollout.episodes) == 16 and s.pids["generator"] != old
+    events = [e["what"] for e in s.status()["events"] if e["role"] == "generator"]
+    assert any(f"procs {old} died" in e and "respawned" in e for e in events), events
+    assert len(vllm_ranks(s)) == 2 and not any(p.is_running() for p in ranks)
+    assert s.checksums()["generator"][0] == s.trainer_version and agreement(s) < TOLERANCE
