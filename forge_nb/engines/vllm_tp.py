@@ -9,8 +9,9 @@ even if the proc is killed, and no /dev/shm size limit applies), and each rank m
 by ``collective_rpc``): vLLM's loader takes each rank's slice of a tensor from the view, so a rank reads only
 the pages of its slice. The file is closed after the call, whether it returned or raised. What reaches it was
 checked whole first (the refresh's version checks), as for one rank; a rank that raises while loading fails
-the refresh, and, as with one rank, the replica is held torn until a refresh loads a whole version
-(`weights.refresh.TornWeights`: it samples nothing meanwhile).
+the refresh, and, as with one rank, the replica is held torn (`weights.refresh.TornWeights`: it samples nothing)
+and the session replaces it. A rank whose worker process dies leaves vLLM's executor shut down for good: the
+generator proc then ends itself (`lost_ranks` says why) and the session starts it afresh, as a killed one.
 
 On a CPU the ranks share the cores as every proc of a local mesh does, splitting the generator proc's
 threads (`forge_nb.actors.base` sets them: ``threads_per_proc``) among them: vLLM's own binding of each rank

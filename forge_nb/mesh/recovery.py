@@ -11,8 +11,8 @@ the same samples. The trainer holds state no other proc has: it is restored from
 the last checkpoint when `checkpoint.on_trainer_failure` is "restore", else its death is `TrainerLost`.
 A trainer gang (`mesh.trainer_procs` > 1) is one role: one rank that dies, or hangs until its peers'
 collectives time out (`GangError`, after `trainer.collective_timeout_s`), restarts all of them.
-A generator that a refresh left torn (`weights.refresh.TornWeights`: a load failed part way, a vLLM rank lost)
-is replaced as a dead one is: its fresh procs load a whole version, and the call is issued again.
+A generator that a refresh left torn (`weights.refresh.TornWeights`: a load failed part way) is replaced as
+a dead one is: its fresh procs load a whole version, and the call is issued again.
 
 `Supervised` is a part of `mesh.roles.Roles` (it uses the role meshes, specs and versions Roles keeps).
 """

@@ -10,8 +10,8 @@ for real RDMA NICs; over Monarch's TCP fallback it is the slower of the two).
 Either way the bytes land in a staging buffer and are checked before anything is loaded: the
 header must hold the requested version and the publisher's nonce both before and after the copy,
 so a version overwritten mid-read (the trainer two versions ahead) is refused, never half-loaded.
-A load that fails part way (a vLLM rank lost, memory) leaves the replica `torn` until a later refresh
-loads a whole version: its generator refuses to sample from a mix of two versions meanwhile.
+A load that fails part way (out of memory, a vLLM rank's load raising) leaves the replica `torn` until a
+later refresh loads a whole version: its generator refuses to sample from a mix of two versions meanwhile.
 From a sharded trainer every rank's buffers are copied at once (each rank's link carries its share)
 and a version is loaded only when every rank's copy passed that check (`weights.shards`).
 """
