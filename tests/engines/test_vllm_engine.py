@@ -9,7 +9,7 @@ import pytest
 
 from forge_nb.engines.base import SamplingParams
 from forge_nb.engines.vllm_engine import vllm_available
-from forge_nb.mesh.calls import wait
+from forge_nb.mesh.calls import on_gang, wait
 from tests.conftest import wait_no_children
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(not vllm_available(), reason="vLLM is not installed")]
@@ -54,16 +54,24 @@ def test_rollout_logprobs_match_the_trainer_at_the_same_version(s):
 
 def test_train_and_sync_reach_the_running_engine(s):
     """A fixed prompt + completion: vLLM's logprobs move with the refresh and equal the trainer's after it."""
+    assert_trained_steps_reach_the_engine(s, 3)
+
+
+def assert_trained_steps_reach_the_engine(s, steps: int) -> None:
+    """On a fixed prompt + completion, the logprobs the generator (replica 0) serves move with `steps` trained
+    steps (by more than 10x `TOLERANCE`: training moved the weights) and equal the trainer's (to `TOLERANCE`)
+    after the sync, which serves the version `steps` later. Any engine, trainer gang, or LoRA."""
     prompt = [s.tokenizer("17+25=")["input_ids"]]
     completion = [s.tokenizer("42", add_special_tokens=False)["input_ids"] + [s.tokenizer.eos_token_id]]
-    before, v_before = wait(s.actors.generator.slice(procs=0).score.call_one(prompt, completion))
-    for _ in range(3):
+    generator = s.actors.generator.slice(procs=0)
+    before, version = wait(generator.score.call_one(prompt, completion))
+    for _ in range(steps):
         s.train(s.rollout())
-    trainer = wait(s.actors.trainer.logprobs.call_one(prompt, completion))
-    assert max_diff(before, trainer) > 10 * TOLERANCE  # training moved the weights measurably
+    trainer = on_gang(s.actors.trainer, "logprobs", prompt, completion)
+    assert max_diff(before, trainer) > 10 * TOLERANCE
     report = s.sync()
-    after, v_after = wait(s.actors.generator.slice(procs=0).score.call_one(prompt, completion))
-    assert v_after == report["version"] == v_before + 3
+    after, served = wait(generator.score.call_one(prompt, completion))
+    assert served == report["version"] == version + steps
     assert max_diff(after, trainer) < TOLERANCE
 
 

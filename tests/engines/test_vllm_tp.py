@@ -12,6 +12,7 @@ import pytest
 from forge_nb.engines.vllm_engine import vllm_available
 from forge_nb.mesh.calls import wait
 from tests.conftest import child_processes, wait_no_children
+from tests.engines.test_vllm_engine import assert_trained_steps_reach_the_engine
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(not vllm_available(), reason="vLLM is not installed")]
 
@@ -46,17 +47,7 @@ def test_lora_at_two_ranks_serves_the_trainers_adapter():
     running = frozenset(p.pid for p in child_processes())  # the module's session, if a test started it
     s = forge_nb.up(engine="vllm", threads_per_proc=1, **options)
     try:
-        prompt = [s.tokenizer("17+25=")["input_ids"]]
-        completion = [s.tokenizer("42", add_special_tokens=False)["input_ids"] + [s.tokenizer.eos_token_id]]
-        generator = s.actors.generator.slice(procs=0)
-        before, _ = wait(generator.score.call_one(prompt, completion))
-        for _ in range(3):
-            s.train(s.rollout())
-        trainer = wait(s.actors.trainer.logprobs.call_one(prompt, completion))
-        assert max(abs(x - y) for x, y in zip(before[0], trainer[0])) > 10 * TOLERANCE  # the adapter moved
-        s.sync()
-        after, version = wait(generator.score.call_one(prompt, completion))
-        assert version == 3 and max(abs(x - y) for x, y in zip(after[0], trainer[0])) < TOLERANCE
+        assert_trained_steps_reach_the_engine(s, 3)
     finally:
         s.down()
     assert wait_no_children(exclude=running) == []
