@@ -68,7 +68,7 @@ def test_a_whole_grpo_config_maps_what_forge_nb_has_and_names_what_it_ignores():
     ).to_dict()  # fmt: skip
     with pytest.warns(TRLConfigWarning) as caught:
         c = Config.from_dict(values)
-    # (the recorder sees every thread's warnings: a suite worker's other sessions may add their own)
+    # (the recorder also sees any other warning raised meanwhile, from any thread: a CI run once counted 5)
     ours = [w for w in caught if issubclass(w.category, TRLConfigWarning)]
     assert len(ours) == 1, [str(w.message) for w in caught]
     message = str(ours[0].message)
