@@ -73,8 +73,8 @@ class Supervised:
         try:
             return call()
         except (SupervisionError, ActorError) as e:
-            # A generator a failed load left torn is replaced like a dead one (its engine may be gone with a
-            # vLLM rank): fresh procs load a whole version. Whoever called it (an env proc too).
+            # A generator a failed load left torn is replaced like a dead one: fresh procs load a whole version.
+            # Whoever called it (an env proc too).
             lost = "generator" if isinstance(innermost(e), TornWeights) else role if procs_lost(e) else None
             if lost is None:
                 said = _said_by_forge_nb(e)

@@ -11,10 +11,11 @@ from forge_nb.engines.torch_engine import TorchEngine
 from forge_nb.mesh.calls import wait
 from forge_nb.mesh.local import LocalMesh
 from forge_nb.models import BUNDLED_MODEL
-from forge_nb.weights.manifest import WeightManifest, checksum, host_id
+from forge_nb.weights.manifest import checksum
 from forge_nb.weights.publish import WeightPublisher
 from tests.actors.tearing import TearingGenerator
 from tests.conftest import wait_no_children
+from tests.weights.shm_manifest import shm_manifest
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=4)
 
@@ -25,8 +26,7 @@ def generator():
     weights (this process: the trainer's side) -> (actor, publisher, the weights published, their manifest)."""
     weights = {n: t.clone() for n, t in TorchEngine.load(BUNDLED_MODEL).named_weights()}
     publisher = WeightPublisher(weights.items(), version=0)
-    p = publisher
-    manifest = WeightManifest(p.slots, p.nbytes, p.nonce, host_id(), p.chunk_bytes, (), p.shm_paths)
+    manifest = shm_manifest(publisher)
     mesh = LocalMesh()
     try:
         actor = mesh.spawn("generator", TearingGenerator, GeneratorSpec(str(BUNDLED_MODEL), "float32", 1))

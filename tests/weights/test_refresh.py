@@ -5,16 +5,15 @@ import asyncio
 import pytest
 import torch
 
-from forge_nb.weights.manifest import WeightManifest, checksum, host_id
+from forge_nb.weights.manifest import checksum
 from forge_nb.weights.publish import WeightPublisher
 from forge_nb.weights.refresh import RefreshError, RefreshReport, TornWeights, WeightReceiver
+from tests.weights.shm_manifest import shm_manifest
 
 
 def _receiver(publisher: WeightPublisher) -> WeightReceiver:
-    p = publisher
-    manifest = WeightManifest(p.slots, p.nbytes, p.nonce, host_id(), p.chunk_bytes, (), p.shm_paths)
-    receiver = WeightReceiver(manifest, version=0, transport="shm")
-    p.unlink()  # mapped on both sides: the names can go
+    receiver = WeightReceiver(shm_manifest(publisher), version=0, transport="shm")
+    publisher.unlink()  # mapped on both sides: the names can go
     return receiver
 
 

@@ -7,10 +7,11 @@ import dataclasses
 import pytest
 import torch
 
-from forge_nb.weights.manifest import WeightManifest, checksum, host_id
+from forge_nb.weights.manifest import checksum
 from forge_nb.weights.publish import WeightPublisher
 from forge_nb.weights.refresh import RefreshError, WeightReceiver
 from forge_nb.weights.shards import ShardMismatch, check_cover, whole_shapes
+from tests.weights.shm_manifest import shm_manifest
 
 WHOLE = {"embed": torch.randn(5, 4), "norm": torch.randn(3), "lm_head": torch.randn(4, 2)}
 
@@ -35,10 +36,6 @@ def _publishers(weights: dict, ranks: int = 2) -> list[WeightPublisher]:
     return publishers
 
 
-def _manifest(p: WeightPublisher) -> WeightManifest:
-    return WeightManifest(p.slots, p.nbytes, p.nonce, host_id(), p.chunk_bytes, (), p.shm_paths, None, p.rank, p.ranks)
-
-
 def _load_into(target: dict):
     return lambda named: target.update({n: t.clone() for n, t in named})
 
@@ -46,7 +43,7 @@ def _load_into(target: dict):
 def test_a_receiver_puts_whole_tensors_together_from_every_ranks_shards():
     weights = {k: v.clone() for k, v in WHOLE.items()}
     publishers = _publishers(weights, ranks=3)  # norm's 3 rows: one a rank; embed's 5: 2, 2, 1
-    receiver = WeightReceiver([_manifest(p) for p in publishers], version=0, transport="shm")
+    receiver = WeightReceiver([shm_manifest(p) for p in publishers], version=0, transport="shm")
     for name in weights:
         weights[name] += 1.0
     for r, p in enumerate(publishers):
@@ -62,7 +59,7 @@ def test_a_receiver_puts_whole_tensors_together_from_every_ranks_shards():
 def test_a_version_one_rank_has_not_published_is_refused_and_the_served_one_stays():
     weights = {k: v.clone() for k, v in WHOLE.items()}
     publishers = _publishers(weights)
-    receiver = WeightReceiver([_manifest(p) for p in publishers], version=0, transport="shm")
+    receiver = WeightReceiver([shm_manifest(p) for p in publishers], version=0, transport="shm")
     publishers[0].publish(_shards(0, 2, weights)[0], version=1)  # rank 1 has not published v1 yet
     with pytest.raises(RefreshError, match="trainer rank 1: the published buffer held version -1"):
         asyncio.run(receiver.refresh(1, lambda named: pytest.fail("nothing loads from a torn version")))
@@ -77,7 +74,7 @@ def test_a_version_one_rank_has_not_published_is_refused_and_the_served_one_stay
 
 def test_manifests_that_do_not_cover_the_model_are_refused():
     publishers = _publishers(WHOLE)
-    manifests = [_manifest(p) for p in publishers]
+    manifests = [shm_manifest(p) for p in publishers]
     with pytest.raises(ShardMismatch, match="manifests of ranks"):
         check_cover(manifests[:1] + [dataclasses.replace(manifests[1], rank=0)])
     short = dataclasses.replace(manifests[1], slots=manifests[1].slots[:-1])
@@ -92,7 +89,7 @@ def test_manifests_that_do_not_cover_the_model_are_refused():
 
 def test_whole_shapes_are_what_the_ranks_publish_together():
     publishers = _publishers(WHOLE, ranks=3)  # norm's 3 rows: one a rank (and lm_head's 4: 2, 2, 0)
-    manifests = [_manifest(p) for p in publishers]
+    manifests = [shm_manifest(p) for p in publishers]
     assert whole_shapes(manifests) == {name: tuple(t.shape) for name, t in WHOLE.items()}
     assert whole_shapes(manifests[:1]) == whole_shapes(manifests)  # any rank's manifest names the whole
     for p in publishers:
