@@ -145,9 +145,7 @@ class Generator(AsyncForgeActor):
         session; refreshes then move only bytes) -> the transport chosen ("cuda_ipc" between GPUs of the
         trainer's host, "shm" on its host, "tcp" elsewhere, or "rdma"; "shm+tcp" when ranks differ). With
         "group" this replica joins every trainer rank's broadcast group as `member` (replica i: i + 1)."""
-        check = getattr(self.engine, "check_weights", None)
-        if check is not None and self.adapter is None:  # (with LoRA the published tensors are the adapter's)
-            check(whole_shapes(manifests))  # a misfit is refused here, not half way through a refresh
+        self._check_fit(manifests)  # a misfit is refused here, not half way through a refresh
         version = self.version  # what the engine serves now, kept by the new receiver
         torn = self.receiver.torn if self.receiver is not None else None  # and a torn load stays torn
         make = lambda: WeightReceiver(manifests, version, transport, self.engine.device, member)  # noqa: E731
@@ -155,6 +153,18 @@ class Generator(AsyncForgeActor):
         receiver = await asyncio.to_thread(make) if transport == "group" else make()
         receiver.torn, self.receiver = torn, receiver
         return receiver.transport
+
+    @endpoint
+    async def fits(self, manifests: list[WeightManifest]) -> None:
+        """`WeightsRefused` unless the trainer's published tensors fit the served model (the engine's own check,
+        where it has one): asked before a weights group forms, whose members would otherwise wait for this
+        replica until `weights.group_timeout_s`."""
+        self._check_fit(manifests)
+
+    def _check_fit(self, manifests: list[WeightManifest]) -> None:
+        check = getattr(self.engine, "check_weights", None)
+        if check is not None and self.adapter is None:  # (with LoRA the published tensors are the adapter's)
+            check(whole_shapes(manifests))
 
     @endpoint
     async def served(self) -> int:

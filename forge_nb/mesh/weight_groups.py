@@ -16,6 +16,8 @@ def attach(roles: Any, manifests: list[WeightManifest]) -> str:
     """Every trainer rank's group, joined by the ranks and the replicas at once -> "group". NCCL when the
     trainer and every replica run on GPUs, else gloo. `roles` is the session's `mesh.roles.Roles`."""
     replicas, config = roles.generator_procs, roles.weights_config
+    # Every replica's check first: one that refuses the weights would leave the others waiting in the group.
+    wait(roles.generator.fits.call(manifests))
     devices = [i.details.get("device", "cpu") for role in ("trainer", "generator") for i in roles.info[role]]
     backend = "nccl" if all(d.startswith("cuda") for d in devices) else "gloo"
     specs = wait(roles.trainer.weights_group.call(replicas, config.group_timeout_s, backend)).values()

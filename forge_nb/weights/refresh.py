@@ -123,11 +123,13 @@ class WeightReceiver:
         if version == previous and not self.collective and self.torn is None:
             return RefreshReport(previous, previous, 0, 0.0, 0.0, True, self.transport)
         start = time.perf_counter()
+        # What a failed copy leaves (nothing is loaded): the version served, or a torn replica torn still.
+        kept = f"policy v{previous} stays live" if self.torn is None else f"this replica stays torn ({self.torn})"
         if any(source.nccl for source in self.sources):
             # One NCCL communicator per trainer rank: every replica must use them in the same order.
-            afters = [await source.copy(version, previous) for source in self.sources]
+            afters = [await source.copy(version, kept) for source in self.sources]
         else:
-            afters = await asyncio.gather(*(source.copy(version, previous) for source in self.sources))
+            afters = await asyncio.gather(*(source.copy(version, kept) for source in self.sources))
         transferred = time.perf_counter()
         for source, after in zip(self.sources, afters):
             source.check(version, after)
@@ -207,17 +209,15 @@ class _Source:
         # Same boot id but another /dev/shm (a container): the nonce tells.
         return mapped if any(int(header(b)[1]) == m.nonce for b in mapped) else None
 
-    async def copy(self, version: int, serving: int) -> torch.Tensor:
+    async def copy(self, version: int, kept: str) -> torch.Tensor:
         """The buffer that holds `version` (`version % 2`) into `staging` -> its header as it was after the
-        copy (`serving`: the version that stays live if the copy fails)."""
+        copy (`kept`: what a failed copy leaves served, for its `RefreshError`)."""
         index = version % 2
         if self._group is not None:
             try:  # in a thread: the actor's loop stays free, as for the TCP streams
                 await asyncio.to_thread(self._group.receive, version, self.staging)
             except (RuntimeError, dist.DistError) as e:
-                raise RefreshError(
-                    f"policy v{serving} stays live; {self._who()}the weights group failed: {e}"
-                ) from None
+                raise RefreshError(f"{kept}; {self._who()}the weights group failed: {e}") from None
             # The sender held the buffer's lock while it sent: no publish moved the header meanwhile.
             return header(self.staging).cpu().clone()
         if self._gpu is not None:
@@ -231,7 +231,7 @@ class _Source:
             try:
                 return header(await asyncio.to_thread(self._stream.read, index, self.staging)).clone()
             except OSError as e:
-                raise RefreshError(f"policy v{serving} stays live; {self._who()}{e}") from None
+                raise RefreshError(f"{kept}; {self._who()}{e}") from None
         head, *chunks = self.manifest.rdma[index]
         size = self.manifest.chunk_bytes
         await asyncio.gather(*(c.read_into(self.staging[i * size : i * size + c.size()]) for i, c in enumerate(chunks)))

@@ -66,3 +66,20 @@ def test_a_load_that_fails_part_way_is_reported_and_nothing_is_sampled_until_a_w
     publisher.publish(weights.items(), version=2)  # v0's weights again: the same greedy tokens as before
     wait(actor.refresh.call_one(2))
     assert wait(actor.generate.call_one(["5+5="], GREEDY)).completions[0][0].token_ids == before
+
+
+def test_weights_that_do_not_fit_are_refused_before_any_group_or_load_and_the_replica_serves_on(generator):
+    """`fits` (asked before a weights group forms) and `attach` refuse a trainer whose tensors do not fit the
+    served model, and the replica goes on serving what it served."""
+    actor, _, weights, manifest = generator
+    name = next(iter(weights))
+    misfit = WeightPublisher([(name, weights[name][:1])], version=0)  # one row of the embedding only
+    try:
+        refused = rf"WeightsRefused.*{name} is \(1, \d+\)"
+        for call in (actor.fits.call_one, lambda m: actor.attach.call_one(m, "shm")):
+            with pytest.raises(ActorError, match=refused):
+                wait(call([shm_manifest(misfit)]))
+        assert wait(actor.fits.call_one([manifest])) is None
+        assert wait(actor.checksum.call_one()) == (0, checksum(weights.items()))
+    finally:
+        misfit.unlink()

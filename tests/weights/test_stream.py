@@ -61,3 +61,23 @@ def test_a_publish_during_the_copy_is_refused_and_nothing_is_loaded(monkeypatch)
         asyncio.run(receiver.refresh(2, lambda tensors: loaded.append(dict(tensors))))
     assert loaded == [] and receiver.version == 0
     publisher._server.close()
+
+
+@pytest.mark.parametrize("torn", [None, "loading v1 over v0 failed part way (RuntimeError: rank 1 is gone)"])
+def test_a_copy_that_fails_says_what_stays_served(monkeypatch, torn):
+    """The version served stays live; a replica a failed load left torn stays torn (and refuses to serve)."""
+    publisher = WeightPublisher([("w", torch.ones(8))], version=0, use_shm=False)
+    publisher._rdma = ((), ())
+    receiver = WeightReceiver(publisher.manifest(), version=0, transport="tcp")
+    receiver.torn = torn
+    publisher.publish([("w", torch.full((8,), 2.0))], 1)
+
+    def link_down(self, index, staging):
+        raise StreamError("connection refused")
+
+    monkeypatch.setattr(StreamReader, "read", link_down)
+    kept = "policy v0 stays live" if torn is None else r"this replica stays torn \(loading v1 over v0"
+    with pytest.raises(RefreshError, match=rf"^{kept}.*connection refused"):
+        asyncio.run(receiver.refresh(1, lambda tensors: pytest.fail("nothing may load")))
+    assert (receiver.version, receiver.torn) == (0, torn)
+    publisher._server.close()
