@@ -36,6 +36,7 @@ from openai.types.completion_usage import CompletionUsage
 
 from forge_nb.agents.batching import GenerationBatcher
 from forge_nb.agents.tool_calls import as_message, parse_tool_calls, render
+from forge_nb.agents.tool_choice import forced_opening, parses_calls
 from forge_nb.agents.tools import ToolSet, tool_schema
 from forge_nb.agents.trajectory import TemplateRewriteError, Trajectory, Turn, next_prompt_ids
 from forge_nb.engines.base import SamplingParams, cut_at_stop
@@ -106,20 +107,23 @@ class AgentClient:
         **ignored: Any,
     ) -> ChatCompletion:
         """One model call on `messages` -> a ChatCompletion with one choice (tool calls parsed, unless
-        ``tool_choice="none"``; "required" or a named function cannot constrain sampling: calls are
-        parsed as with "auto")."""
+        ``tool_choice="none"``; under "required" or a named function the reply starts with the opening of
+        a call: `agents.tool_choice`)."""
         async with self._one_call(n, stream):
             schemas = tool_schemas(tools)
+            opening = forced_opening(tool_choice, schemas)
             messages = [as_message(m) for m in messages]
             prompt_ids, delta, why = self._prompt(messages, schemas)
+            if opening:  # prompt, not policy: in the turn's delta (mask 0), and the start of the reply's text
+                forced = self._ids(opening)
+                prompt_ids, delta = [*prompt_ids, *forced], [*delta, *forced]
             text, reason, generated, stop = await self._generate(
-                prompt_ids, delta, why, temperature, top_p, max_tokens or max_completion_tokens, stop
+                prompt_ids, delta, why, temperature, top_p, max_tokens or max_completion_tokens, stop, opening
             )
             self._history, self._schemas = messages, schemas
             self.trajectory.messages = [*messages, {"role": "assistant", "content": text}]
-            shown = cut_at_stop(text, stop)[0]  # as OpenAI: the content ends before the stop string
-            parse = bool(schemas) and tool_choice != "none"
-            return self._completion(shown, reason, len(prompt_ids), generated, parse)
+            shown = opening + cut_at_stop(text[len(opening) :], stop)[0]  # as OpenAI: it ends before the stop
+            return self._completion(shown, reason, len(prompt_ids), generated, parses_calls(tool_choice, schemas))
 
     async def complete(
         self,
@@ -180,8 +184,10 @@ class AgentClient:
         top_p: float | None,
         max_tokens: int | None,
         stop: str | Sequence[str] | None,
+        opening: str = "",
     ) -> tuple[str, str, int, tuple[str, ...]]:
-        """Sample one completion of `prompt_ids` and record it as a turn -> (text, the backend's finish
+        """Sample one completion of `prompt_ids` and record it as a turn -> (text: `opening`, the end of
+        the prompt that the reply was forced to start with, then the completion; the backend's finish
         reason, tokens generated, the stop strings)."""
         room = self.limits.max_total_tokens - len(prompt_ids)
         if self.budget_exhausted or room <= 0:
@@ -199,7 +205,7 @@ class AgentClient:
             keep_prefix=True,  # the next turn extends this prompt and reply
         )
         completion = await self.batcher.generate(prompt_ids, sampling)
-        text = self.tokenizer.decode(completion.token_ids, skip_special_tokens=True)
+        text = opening + self.tokenizer.decode(completion.token_ids, skip_special_tokens=True)
         turns = self.trajectory.turns
         segment = turns[-1].segment + (why is not None) if turns else 0
         turns.append(Turn(delta, list(completion.token_ids), list(completion.logprobs), text, completion.finish_reason))

@@ -4,13 +4,14 @@ items become chat messages, its function tools chat tool schemas; the chat compl
 What maps: `instructions` -> a system message; message items (text or text parts, any role) -> messages;
 `function_call` items -> the assistant's tool calls (consecutive ones, with the assistant text before them, are
 one assistant message); `function_call_output` items -> tool messages; `reasoning` items are left out (the
-template renders no reasoning of earlier turns). Function tools -> chat tools. `tool_choice`, `temperature`,
-`top_p`, `max_output_tokens` as in chat. `previous_response_id`: a response of the same trajectory (each is kept
+template renders no reasoning of earlier turns). Function tools -> chat tools; `tool_choice` ("auto", "none",
+"required", ``{"type": "function", "name": f}``) -> chat's (`agents.tool_choice`). `temperature`, `top_p`,
+`max_output_tokens` as in chat. `previous_response_id`: a response of the same trajectory (each is kept
 while the trajectory is open, unless sent with ``store: false``) continues its conversation, its input and its
 output, with this request's input after it; as OpenAI's, the earlier `instructions` are not carried over (this
 request's are). Refused (400, saying which): `conversation` (the Conversations API's objects), an unknown
-previous response, other item types (computer, file search, shell, MCP, ...) and tool types. The output is a
-`message` item with the reply's text and one `function_call` item per tool call, as OpenAI's.
+previous response, other item types (computer, file search, shell, MCP, ...), tool types and tool choices. The
+output is a `message` item with the reply's text and one `function_call` item per tool call, as OpenAI's.
 """
 
 from __future__ import annotations
@@ -63,11 +64,23 @@ def chat_arguments(params: dict, messages: list[dict]) -> dict:
     return {
         "messages": [*system, *messages],
         "tools": [_tool(t) for t in params.get("tools") or []] or None,
-        "tool_choice": params.get("tool_choice"),  # "none": no calls parsed; others parse calls as "auto" does
+        "tool_choice": _tool_choice(params.get("tool_choice")),
         "temperature": params.get("temperature"),
         "top_p": params.get("top_p"),
         "max_tokens": params.get("max_output_tokens"),
     }
+
+
+def _tool_choice(choice: Any) -> Any:
+    """The Responses API's `tool_choice` in chat's form: a named function ``{"type": "function", "name": f}``
+    -> ``{"type": "function", "function": {"name": f}}``; "auto", "none", "required" as they are. Others
+    (allowed tools, hosted tools, MCP, custom) are refused."""
+    if choice is None or isinstance(choice, str):
+        return choice
+    if isinstance(choice, dict) and choice.get("type") == "function" and isinstance(choice.get("name"), str):
+        return {"type": "function", "function": {"name": choice["name"]}}
+    kind = choice.get("type") if isinstance(choice, dict) else type(choice).__name__
+    raise Unsupported(f"tool_choice of type {kind!r} is not served ('auto', 'none', 'required', a function tool)")
 
 
 def response_of(chat: ChatCompletion, params: dict) -> Response:

@@ -45,7 +45,8 @@ class TemplateRewriteError(ValueError):
 class Turn:
     """One model call: `prompt_delta_ids` [D] (mask 0) then `completion_ids` [C] with `logprobs` [C]
     (mask 1). `finish_reason` is the backend's ("stop" at EOS or a stop string, "length" at the call's
-    max_tokens); `text` is the completion without special tokens; `reward` is this turn's own reward
+    max_tokens); `text` is the completion without special tokens (after the opening of a tool call, when
+    `tool_choice` forced one: `agents.tool_choice`; its tokens end the prompt delta); `reward` is this turn's own reward
     (an environment's step reward, or one a rollout added)."""
 
     prompt_delta_ids: list[int]

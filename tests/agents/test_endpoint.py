@@ -163,8 +163,10 @@ def test_a_response_sent_with_store_false_is_not_kept(served):
         ({"model": "m", "input": "hi", "previous_response_id": "resp_1"}, "not a response of this trajectory"),
         ({"model": "m", "input": "hi", "conversation": "conv_1"}, "conversation is not served"),
         ({"model": "m", "input": "hi", "tools": [{"type": "web_search"}]}, "'web_search' are not served"),
+        ({"model": "m", "input": "hi", "tool_choice": {"type": "web_search_preview"}}, "'web_search_preview' is not"),
+        ({"model": "m", "input": "hi", "tool_choice": {"type": "function", "name": "f"}}, "'f', which is not one"),
     ],
-    ids=["unknown-previous-response", "conversation", "hosted-tool"],
+    ids=["unknown-previous-response", "conversation", "hosted-tool", "hosted-tool-choice", "unknown-function"],
 )
 def test_what_the_responses_route_cannot_serve_is_a_400_saying_what(served, body, says):
     endpoint, tid, trajectory, _ = served
@@ -274,3 +276,22 @@ def test_an_agent_without_tools_passes_the_openai_packages_omit_through(served):
     final, direct = asyncio.run(run())
     assert CALL in final and direct.tool_calls is None and CALL in direct.content  # no tools: no calls parsed
     assert len(trajectory.turns) == 2
+
+
+@pytest.mark.parametrize("route", ["chat/completions", "responses"])
+def test_a_named_tool_choice_starts_the_reply_as_that_call_on_either_route(served, route):
+    """Chat's ``{"type": "function", "function": {"name"}}`` and the Responses API's ``{"type": "function",
+    "name"}``: the model is prompted with the call's opening and writes its arguments."""
+    endpoint, tid, trajectory, backend = served
+    backend.reply = lambda prompt: '{"a": 6, "b": 7}}\n</tool_call>' if prompt.endswith('"arguments": ') else "no"
+    question = [{"role": "user", "content": "What is 6 times 7?"}]
+    if route == "responses":
+        body = {"model": "m", "input": question, "tools": [RESPONSES_TOOL]}
+        body["tool_choice"] = {"type": "function", "name": "multiply"}
+    else:
+        body = {"model": "m", "messages": question, "tools": [tool_schema(multiply)]}
+        body["tool_choice"] = {"type": "function", "function": {"name": "multiply"}}
+    answer = post(endpoint, tid, route, body).json()
+    call = answer["output"][0] if route == "responses" else answer["choices"][0]["message"]["tool_calls"][0]["function"]
+    assert (call["name"], json.loads(call["arguments"])) == ("multiply", {"a": 6, "b": 7})
+    assert len(trajectory.turns) == 1 and trajectory.turns[0].text.startswith('<tool_call>\n{"name": "multiply"')
