@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from monarch.actor import Actor, endpoint
 
 from forge_nb import heap
+from forge_nb.mesh import last_words
 
 
 @dataclass(frozen=True)
@@ -54,6 +55,7 @@ class _Started:
 
     def _begin(self, threads: int) -> None:
         self._started_at = time.perf_counter()
+        last_words.forget()  # words an earlier proc with this pid left are not this one's
         setup_proc(threads)
 
     def _ready(self, **details) -> None:

@@ -20,6 +20,7 @@ from forge_nb.config import Config, LoraConfig
 from forge_nb.engines import load_engine
 from forge_nb.engines.base import Completion, SamplingParams
 from forge_nb.lora.serve import ServedAdapter, read_adapter, served_adapter
+from forge_nb.mesh import last_words
 from forge_nb.weights.manifest import WeightManifest, checksum
 from forge_nb.weights.refresh import RefreshReport, TornWeights, WeightReceiver
 from forge_nb.weights.shards import whole_shapes
@@ -114,10 +115,10 @@ class Generator(AsyncForgeActor):
         lost = getattr(self.engine, "lost", None)
         why = lost() if lost is not None else None
         if why:
-            print(
-                f"forge_nb generator (pid {os.getpid()}): {why}: ending this proc to be started afresh", file=sys.stderr
-            )
+            said = f"generator (pid {os.getpid()}): {why}"
+            print(f"forge_nb {said}: ending this proc to be started afresh", file=sys.stderr)
             sys.stderr.flush()
+            last_words.say(said)  # for the session's report of this proc's end
             os._exit(1)
 
     def _whole(self) -> None:

@@ -31,7 +31,7 @@ from forge_nb.actors.generator import Generator
 from forge_nb.actors.reference import Reference
 from forge_nb.actors.trainer import Trainer
 from forge_nb.engines.base import WeightsRefused
-from forge_nb.mesh import supervision
+from forge_nb.mesh import last_words, supervision
 from forge_nb.mesh.calls import on_gang, wait
 from forge_nb.mesh.checker import ROLE as CHECKER
 from forge_nb.mesh.envs import ROLE as ENV
@@ -101,6 +101,7 @@ class Supervised:
             self._respawn(role, cause)
 
     def _respawn(self, role: str, cause: str) -> None:
+        cause = last_words.with_words(cause, [i.pid for i in self.info.get(role, [])])  # why a proc ended itself
         check_hosts = getattr(self.mesh, "check_hosts", None)
         if check_hosts is not None:  # several hosts: one that is gone is reported, not started on again
             check_hosts(role)
