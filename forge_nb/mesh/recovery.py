@@ -101,7 +101,7 @@ class Supervised:
             self._respawn(role, cause)
 
     def _respawn(self, role: str, cause: str) -> None:
-        cause = last_words.with_words(cause, [i.pid for i in self.info.get(role, [])])  # why a proc ended itself
+        cause = last_words.with_words(cause, self.local_pids(role))  # why a proc of this host ended itself
         check_hosts = getattr(self.mesh, "check_hosts", None)
         if check_hosts is not None:  # several hosts: one that is gone is reported, not started on again
             check_hosts(role)

@@ -29,7 +29,7 @@ from forge_nb.engines.base import SamplingParams
 from forge_nb.live.capture import LiveCode
 from forge_nb.live.registry import Member
 from forge_nb.live.validate import LossProbe
-from forge_nb.mesh import supervision, weight_groups
+from forge_nb.mesh import last_words, supervision, weight_groups
 from forge_nb.mesh.calls import leader, on_gang, replica, shards, wait
 from forge_nb.mesh.checker import ROLE as CHECKER
 from forge_nb.mesh.checker import Checker
@@ -141,7 +141,9 @@ class Roles(Supervised):
             self.unlink_shared_memory()
         except Exception:
             pass
-        return self.mesh.stop()
+        errors = self.mesh.stop()
+        last_words.heard(pid for role in self.info for pid in self.local_pids(role))  # words nobody will report
+        return errors
 
     @property
     def has_reference(self) -> bool:

@@ -283,7 +283,7 @@ def test_a_named_tool_choice_starts_the_reply_as_that_call_on_either_route(serve
     """Chat's ``{"type": "function", "function": {"name"}}`` and the Responses API's ``{"type": "function",
     "name"}``: the model is prompted with the call's opening and writes its arguments."""
     endpoint, tid, trajectory, backend = served
-    backend.reply = lambda prompt: '{"a": 6, "b": 7}}\n</tool_call>' if prompt.endswith('"arguments": ') else "no"
+    backend.reply = lambda prompt: ' {"a": 6, "b": 7}}\n</tool_call>' if prompt.endswith('"arguments":') else "no"
     question = [{"role": "user", "content": "What is 6 times 7?"}]
     if route == "responses":
         body = {"model": "m", "input": question, "tools": [RESPONSES_TOOL]}

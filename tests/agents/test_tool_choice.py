@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
+import openai
 import pytest
 
 from forge_nb.agents.batching import GenerationBatcher
@@ -14,7 +15,7 @@ from forge_nb.agents.tools import ToolSet, tool_schema
 from forge_nb.agents.trajectory import Trajectory
 from tests.agents.conftest import ScriptedBackend, multiply
 
-OPENING = '<tool_call>\n{"name": "multiply", "arguments": '
+OPENING = '<tool_call>\n{"name": "multiply", "arguments":'
 
 
 def add(a: int, b: int) -> int:
@@ -60,6 +61,7 @@ def test_a_choice_that_cannot_be_served_is_refused_saying_why(choice, tools, say
 
 def test_calls_are_parsed_unless_none_or_without_tools():
     schemas = [tool_schema(multiply)]
+    assert forced_opening(openai.omit, schemas) == forced_opening(openai.NOT_GIVEN, schemas) == ""  # not given
     assert parses_calls("required", schemas) and parses_calls(None, schemas)
     assert not parses_calls("none", schemas) and not parses_calls("auto", [])
 
@@ -67,7 +69,7 @@ def test_calls_are_parsed_unless_none_or_without_tools():
 def answers_in_text_unless_forced(prompt: str) -> str:
     """A model that would answer in words; once its reply was started as a call, it completes the call."""
     if prompt.endswith(OPENING):
-        return '{"a": 6, "b": 7}}\n</tool_call>'
+        return ' {"a": 6, "b": 7}}\n</tool_call>'
     if "<tool_response>" in prompt:
         return "It is 42."
     return "I think it is 42."
@@ -99,7 +101,7 @@ def test_a_named_choice_makes_the_reply_a_call_whose_opening_is_prompt_and_the_r
     assert second.choices[0].message.content == "It is 42." and trajectory.num_segments == 1
     ids, mask = trajectory.token_ids(), trajectory.loss_mask()
     trained = tokenizer.decode([t for t, m in zip(ids, mask) if m])
-    assert trained == '{"a": 6, "b": 7}}\n</tool_call><|im_end|>It is 42.<|im_end|>'  # the opening is not
+    assert trained == ' {"a": 6, "b": 7}}\n</tool_call><|im_end|>It is 42.<|im_end|>'  # the opening is not
     assert tokenizer.decode(trajectory.turns[0].prompt_delta_ids).endswith(OPENING)
     last_prompt = backend.batches[-1][0]  # one token stream: what the backend got last, plus its output
     assert trajectory.token_ids() == last_prompt + backend.outputs[tuple(last_prompt)]
