@@ -66,3 +66,13 @@ def multiply(a: int, b: int) -> int:
         b: The second factor.
     """
     return a * b
+
+
+def add(a: int, b: int) -> int:
+    """Add two integers.
+
+    Args:
+        a: The first number.
+        b: The second number.
+    """
+    return a + b

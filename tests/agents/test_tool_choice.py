@@ -13,19 +13,9 @@ from forge_nb.agents.client import AgentClient
 from forge_nb.agents.tool_choice import forced_opening, parses_calls
 from forge_nb.agents.tools import ToolSet, tool_schema
 from forge_nb.agents.trajectory import Trajectory
-from tests.agents.conftest import ScriptedBackend, multiply
+from tests.agents.conftest import ScriptedBackend, add, multiply
 
 OPENING = '<tool_call>\n{"name": "multiply", "arguments":'
-
-
-def add(a: int, b: int) -> int:
-    """Add two integers.
-
-    Args:
-        a: the first
-        b: the second
-    """
-    return a + b
 
 
 @pytest.mark.parametrize(

@@ -6,16 +6,7 @@ import pytest
 from openai.types.chat.chat_completion_message_function_tool_call import ChatCompletionMessageFunctionToolCall
 
 from forge_nb.agents.tools import ToolSet, UnknownToolError, tool_schema
-
-
-def add(a: int, b: int) -> int:
-    """Add two integers.
-
-    Args:
-        a: The first number.
-        b: The second number.
-    """
-    return a + b
+from tests.agents.conftest import add
 
 
 def explode(text: str) -> str:

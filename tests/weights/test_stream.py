@@ -41,12 +41,16 @@ def test_a_stalled_trainer_fails_every_attempt_with_a_clear_error():
         reader.close()
 
 
+def over_tcp(named: list) -> tuple[WeightPublisher, WeightReceiver]:
+    """A publisher of `named` at version 0 that serves TCP streams only, and a receiver reading them."""
+    publisher = WeightPublisher(named, version=0, use_shm=False)
+    publisher._rdma = ((), ())  # RDMA is not what these tests are about: no Monarch buffers
+    return publisher, WeightReceiver(publisher.manifest(), version=0, transport="tcp")
+
+
 def test_a_publish_during_the_copy_is_refused_and_nothing_is_loaded(monkeypatch):
     named = [("w", torch.ones(1 << 18))]
-    publisher = WeightPublisher(named, version=0, use_shm=False)
-    publisher._rdma = ((), ())  # RDMA is not what this test is about: no Monarch buffers
-    manifest = publisher.manifest()
-    receiver = WeightReceiver(manifest, version=0, transport="tcp")
+    publisher, receiver = over_tcp(named)
     publisher.publish([("w", torch.full((1 << 18,), 2.0))], 2)  # v2 into buffer 0
     real = StreamReader._read_once
 
@@ -66,9 +70,7 @@ def test_a_publish_during_the_copy_is_refused_and_nothing_is_loaded(monkeypatch)
 @pytest.mark.parametrize("torn", [None, "loading v1 over v0 failed part way (RuntimeError: rank 1 is gone)"])
 def test_a_copy_that_fails_says_what_stays_served(monkeypatch, torn):
     """The version served stays live; a replica a failed load left torn stays torn (and refuses to serve)."""
-    publisher = WeightPublisher([("w", torch.ones(8))], version=0, use_shm=False)
-    publisher._rdma = ((), ())
-    receiver = WeightReceiver(publisher.manifest(), version=0, transport="tcp")
+    publisher, receiver = over_tcp([("w", torch.ones(8))])
     receiver.torn = torn
     publisher.publish([("w", torch.full((8,), 2.0))], 1)
 
