@@ -14,6 +14,8 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from forge_nb.parallel.gang import GangError
+
 _waiter = ThreadPoolExecutor(max_workers=4, thread_name_prefix="forge_nb-wait")
 
 #: Checks a wait runs every `WATCH_EVERY_S` while it blocks: each returns an error to raise instead of waiting
@@ -82,12 +84,67 @@ def replica(mesh: Any, index: int, procs: int) -> Any:
     return kept[1][index]
 
 
-def leader(answers: Any) -> Any:
-    """Rank 0's answer of a call to every proc of a gang (a `ValueMesh`), or a single answer as it is."""
-    return answers.values()[0] if hasattr(answers, "values") and callable(answers.values) else answers
+class GangFuture:
+    """Every rank's answer to one call of a gang, from one future per rank: `get` returns them in rank order
+    and raises a rank's failure as soon as it arrives. A call to the whole actor mesh (`.call()`) answers
+    only when every rank has: with one rank hung (SIGSTOP, a wedged driver) its peers' collectives timed
+    out in `trainer.collective_timeout_s`, and the call still waited ~60 s, until Monarch gave the hung
+    proc up. `straggler_s`: when some ranks answered and the others give no answer that many seconds
+    later, `GangError` (a call that runs no collective, such as a step on a batch of zero advantages, gives
+    the hung rank's peers nothing to time out on). Waitable as a Monarch future is (`wait`): `get(timeout)`
+    may be called again after a `TimeoutError`, the answers already in are kept."""
+
+    POLL_S = 0.05  # while several ranks are out, a failure of any is seen within about this times their count
+
+    def __init__(self, futures: list[Any], what: str = "", straggler_s: float | None = None) -> None:
+        self._futures, self._what, self._straggler_s = futures, what, straggler_s
+        self._answers: dict[int, Any] = {}
+        self._first_answer: float | None = None  # monotonic s
+
+    def get(self, timeout: float | None = None) -> list[Any]:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while len(self._answers) < len(self._futures):
+            out = [i for i in range(len(self._futures)) if i not in self._answers]
+            for i in out:
+                turn = self._turn(deadline, timeout, out)
+                try:
+                    self._answers[i] = self._futures[i].get(turn)
+                except TimeoutError:
+                    continue
+                if self._first_answer is None:
+                    self._first_answer = time.monotonic()
+        return [self._answers[i] for i in range(len(self._futures))]
+
+    def _turn(self, deadline: float | None, timeout: float | None, out: list[int]) -> float | None:
+        """How long to wait on one of the ranks `out` (None: until it answers); raises at the deadlines."""
+        now = time.monotonic()
+        if deadline is not None and now >= deadline:
+            raise TimeoutError(f"no answer in {timeout} s")
+        ends = [t for t in (deadline, self._straggler_deadline()) if t is not None]
+        if ends and now >= min(ends):
+            answered = sorted(self._answers)
+            raise GangError(
+                f"rank {', '.join(map(str, out))} gave no answer to {self._what} {self._straggler_s:g} s after rank "
+                f"{', '.join(map(str, answered))} did: its proc died, or hangs outside any collective"
+            )
+        left = min(ends) - now if ends else None
+        # the last rank out waits whole; several take turns, so that one's failure is not waited behind another's hang
+        return left if len(out) == 1 else self.POLL_S if left is None else min(self.POLL_S, left)
+
+    def _straggler_deadline(self) -> float | None:
+        if self._straggler_s is None or self._first_answer is None:
+            return None
+        return self._first_answer + self._straggler_s
 
 
-def on_gang(actors: Any, endpoint: str, *args: Any) -> Any:
-    """Call `endpoint` on every proc of a gang's actor mesh (in a gang each call is a collective every
-    rank must enter) and wait -> rank 0's answer."""
-    return leader(wait(getattr(actors, endpoint).call(*args)))
+def gang_call(actors: Any, endpoint: str, *args: Any, straggler_s: float | None = None) -> GangFuture:
+    """Call `endpoint` on every proc of a gang's actor mesh (in a gang each call is a collective every rank
+    must enter), a message to each -> the `GangFuture` of their answers (`straggler_s`: see there)."""
+    procs = actors.size()
+    futures = [getattr(replica(actors, i, procs), endpoint).call_one(*args) for i in range(procs)]
+    return GangFuture(futures, endpoint, straggler_s)
+
+
+def on_gang(actors: Any, endpoint: str, *args: Any, straggler_s: float | None = None) -> Any:
+    """`gang_call`, waited on -> rank 0's answer (the one that answers for the gang)."""
+    return wait(gang_call(actors, endpoint, *args, straggler_s=straggler_s))[0]

@@ -192,6 +192,7 @@ class PlacedMesh(LocalMesh):
         calls.unwatch(self.watch)
         self.gone |= set(self.lost())
         hit = [r for r, where in self._placed.items() if self.gone & set(where) and r in self.proc_meshes]
+        self.retire(*hit)
         for role in hit:
             proc_mesh = self.proc_meshes.pop(role)
             if set(self._placed[role]) <= self.gone:

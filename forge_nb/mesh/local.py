@@ -16,7 +16,7 @@ from forge_nb.mesh import forkserver, quiet
 from forge_nb.mesh.calls import wait
 from forge_nb.mesh.gang import start_gang
 from forge_nb.mesh.placement import Placement
-from forge_nb.mesh.supervision import FAULTS
+from forge_nb.mesh.supervision import FAULTS, mesh_name
 
 #: OpenMP busy-wait iterations before an idle thread sleeps, in every proc of a local mesh. libgomp's default
 #: (300000, milliseconds of spinning) suits one process that has the cores to itself; a mesh's procs take turns
@@ -54,6 +54,7 @@ class LocalMesh:
         self.proc_meshes: dict[str, ProcMesh] = {}
         self.placement = placement
         self.gangs: set[str] = set()  # roles spawned as a torch.distributed gang (respawned as one)
+        self.actor_names: dict[str, str | None] = {}  # each role's actor mesh, as Monarch names it in a failure
         self.forks = forkserver.acquire(proc_env()) if self._forks(placement) else None  # importing from now
 
     def _forks(self, placement: Placement | None) -> bool:
@@ -79,7 +80,15 @@ class LocalMesh:
         if gang or role in self.gangs:
             self.gangs.add(role)
             start_gang(proc_mesh, self.master_addr(role))
-        return proc_mesh.spawn(role, actor_class, spec=spec)
+        actors = proc_mesh.spawn(role, actor_class, spec=spec)
+        self.actor_names[role] = mesh_name(actors)
+        return actors
+
+    def retire(self, *roles: str) -> None:
+        """Failures of these roles' actor meshes are no faults from now on: they are being stopped
+        (`supervision.FaultLog.retire`)."""
+        for role in roles:
+            FAULTS.retire(self.actor_names.pop(role, None))
 
     def _bootstrap(self, role: str) -> dict[str, Any]:
         """spawn_procs' bootstrap command: through this mesh's fork server when it has one, with each
@@ -104,12 +113,19 @@ class LocalMesh:
         """Where `role`'s gang meets (its first proc's host): this host's loopback."""
         return "127.0.0.1"
 
-    def replace(self, role: str, actor_class: type, spec: Any, pids: list[int], procs: int = 1) -> Any:
+    def replace(
+        self, role: str, actor_class: type, spec: Any, pids: list[int], procs: int = 1, kill: bool = False
+    ) -> Any:
         """Stop `role`'s procs (even with an actor stuck in a call: Monarch's cleanup deadline, then
-        SIGKILL to any of `pids` still alive on this host) and start fresh ones -> the new actor mesh."""
+        SIGKILL to any of `pids` still alive on this host) and start fresh ones -> the new actor mesh.
+        `kill`: SIGKILL `pids` first (nothing of theirs is worth a clean stop; a stopped or hung proc
+        would hold the stop for the whole deadline)."""
         old = self.proc_meshes.pop(role, None)
+        self.retire(role)
         if old is not None:
             with FAULTS.expecting(role):
+                if kill:
+                    _kill(pids)
                 try:
                     wait(old.stop(), STOP_TIMEOUT_S)  # not .get() on the kernel's loop: Monarch warns in the cell
                 except Exception:
@@ -120,6 +136,7 @@ class LocalMesh:
     def stop_role(self, role: str) -> None:
         """Stop `role`'s procs (one that failed to start), leaving the others running."""
         proc_mesh = self.proc_meshes.pop(role, None)
+        self.retire(role)
         if proc_mesh is not None:
             with FAULTS.expecting(role):
                 wait(proc_mesh.stop())
@@ -136,6 +153,7 @@ class LocalMesh:
             return None
 
         roles = list(reversed(self.proc_meshes))
+        self.retire(*roles)
         try:
             with ThreadPoolExecutor(max(1, len(roles)), thread_name_prefix="forge_nb-stop") as pool:
                 errors = [e for e in pool.map(stop, roles) if e]  # a future's get() drives it: one thread each

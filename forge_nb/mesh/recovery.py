@@ -59,7 +59,7 @@ class Supervised:
         self.heal()
         try:
             return call()
-        except (SupervisionError, ActorError) as e:
+        except (SupervisionError, ActorError, GangError) as e:
             if not procs_lost(e):
                 raise
             cause = cause_of(e)
@@ -72,7 +72,7 @@ class Supervised:
         started = time.time()
         try:
             return call()
-        except (SupervisionError, ActorError) as e:
+        except (SupervisionError, ActorError, GangError) as e:  # GangError: a rank hung (`calls.GangFuture`)
             # A generator a failed load left torn is replaced like a dead one: fresh procs load a whole version.
             # Whoever called it (an env proc too).
             lost = "generator" if isinstance(innermost(e), TornWeights) else role if procs_lost(e) else None
@@ -119,7 +119,10 @@ class Supervised:
             self.envs.start()
             return self.on_event(role, f"procs {old} died ({cause}); respawned as {self.pids[role]}")
         if role == "reference":
-            self.reference = self.mesh.replace(role, Reference, self._reference_spec, old, self.trainer_procs)
+            # killed first: it holds frozen weights only, and a hung rank would hold a clean stop
+            self.reference = self.mesh.replace(
+                role, Reference, self._reference_spec, old, self.trainer_procs, kill=True
+            )
             self.info[role] = list(wait(self.reference.ready.call()).values())
         elif role == "generator":
             self._respawn_generator(old)
@@ -138,7 +141,8 @@ class Supervised:
         old, lost = self.local_pids("trainer"), self.versions.trained
         self._respawned_at["trainer"] = time.time()
         spec = dataclasses.replace(self._trainer_spec, resume_from=str(Path(checkpoint) / "trainer"))
-        self.trainer = self.mesh.replace("trainer", Trainer, spec, old, self.trainer_procs)
+        # killed first: a rank that died left its peers' group unusable, and one hung holds a clean stop
+        self.trainer = self.mesh.replace("trainer", Trainer, spec, old, self.trainer_procs, kill=True)
         self.info["trainer"] = list(wait(self.trainer.ready.call()).values())
         self.versions.trained = on_gang(self.trainer, "checksum")[0]
         self._attach_generators(self.transport)
@@ -180,9 +184,9 @@ def _said_by_forge_nb(error: SupervisionError | ActorError) -> BaseException:
     return inner if isinstance(inner, (RefreshError, TornWeights, WeightsRefused)) else error
 
 
-def procs_lost(error: SupervisionError | ActorError) -> bool:
+def procs_lost(error: SupervisionError | ActorError | GangError) -> bool:
     """Whether a failed call lost its role's procs: Monarch reported them dead, or a gang's collective
-    failed (`GangError`); not an error the actor raised and survived."""
+    failed or a rank hung (`GangError`); not an error the actor raised and survived."""
     return not isinstance(error, ActorError) or isinstance(error.exception, GangError)
 
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from monarch.actor import Future
+from monarch.actor import ActorError
 from tqdm.auto import tqdm
 
 from forge_nb.actors.base import ActorInfo
@@ -30,16 +30,17 @@ from forge_nb.live.capture import LiveCode
 from forge_nb.live.registry import Member
 from forge_nb.live.validate import LossProbe
 from forge_nb.mesh import last_words, supervision, weight_groups
-from forge_nb.mesh.calls import leader, on_gang, replica, shards, wait
+from forge_nb.mesh.calls import GangFuture, gang_call, on_gang, replica, shards, wait
 from forge_nb.mesh.checker import ROLE as CHECKER
 from forge_nb.mesh.checker import Checker
 from forge_nb.mesh.envs import EnvPool
 from forge_nb.mesh.judges import JudgePool
 from forge_nb.mesh.local import LocalMesh
 from forge_nb.mesh.placement import Placement, hosts_for, plan, slurm_nodes
-from forge_nb.mesh.recovery import Supervised, cause_of
+from forge_nb.mesh.recovery import Supervised, cause_of, procs_lost
 from forge_nb.mesh.slurm import SlurmMesh
 from forge_nb.mesh.supervision import SupervisionError
+from forge_nb.parallel.gang import GangError
 from forge_nb.rewards.batch import RewardBatch, RewardSample, Scores
 from forge_nb.rl.batch import TrainBatch
 from forge_nb.rl.episode import Episode
@@ -108,6 +109,8 @@ class Roles(Supervised):
             device = self.placement.device("trainer", config.model.device)
             self._trainer_spec = dataclasses.replace(TrainerSpec.from_config(config, pad_id, loss), device=device)
             self.trainer_procs, gang = m.trainer_procs, config.trainer.sharded(m.trainer_procs)
+            # a rank whose peers answered a call and that does not answer this much later is hung (`GangFuture`)
+            self.straggler_s = config.trainer.collective_timeout_s if gang else None
             reward_version = 0
             if start is not None:
                 # With LoRA the checkpoint holds adapters: the generator serves the base with the saved one.
@@ -263,26 +266,29 @@ class Roles(Supervised):
                 break
         return results
 
-    def reference_logprobs(self, episodes: list[Episode]) -> Future | None:
+    def reference_logprobs(self, episodes: list[Episode]) -> GangFuture | None:
         """Ask the reference model for the episodes' logprobs; wait on the future (None: no reference)."""
         if not self.has_reference or not episodes:
             return None
         ids = [e.prompt_ids for e in episodes], [e.completion_ids for e in episodes]
         if self.reference_on_trainer:
-            return self.trainer.reference_logprobs.call(*ids)
-        return self.reference.logprobs.call(*ids)  # every proc: a sharded reference runs its part of each
+            return gang_call(self.trainer, "reference_logprobs", *ids, straggler_s=self.straggler_s)
+        # every proc: a sharded reference runs its part of each
+        return gang_call(self.reference, "logprobs", *ids, straggler_s=self.straggler_s)
 
-    def attach_reference(self, episodes: list[Episode], reference: Future | None) -> float:
+    def attach_reference(self, episodes: list[Episode], reference: GangFuture | None) -> float:
         """Wait for `reference_logprobs` and store them on the episodes -> seconds waited (asked
-        again of a fresh reference proc if the first one died)."""
+        again of a fresh reference proc if the first one died or hung)."""
         if reference is None:
             return 0.0
         start = time.perf_counter()
         try:
-            logprobs = leader(wait(reference))
-        except SupervisionError as e:
+            logprobs = wait(reference)[0]
+        except (SupervisionError, ActorError, GangError) as e:
+            if not procs_lost(e):
+                raise
             self.respawn("trainer" if self.reference_on_trainer else "reference", cause_of(e))
-            logprobs = leader(wait(self.reference_logprobs(episodes)))
+            logprobs = wait(self.reference_logprobs(episodes))[0]
         for e, row in zip(episodes, logprobs):
             e.ref_logprobs = row
         return time.perf_counter() - start
@@ -295,7 +301,9 @@ class Roles(Supervised):
             missing = [e for e in episodes if e.ref_logprobs is None]
             self.attach_reference(missing, self.reference_logprobs(missing))
         batch = TrainBatch.of(episodes, self.has_reference, keep_logprobs)
-        result = self._supervised("trainer", lambda: on_gang(self.trainer, "train_step", batch))
+        result = self._supervised(
+            "trainer", lambda: on_gang(self.trainer, "train_step", batch, straggler_s=self.straggler_s)
+        )
         self.versions.trained = result.policy_version
         return result
 
