@@ -273,8 +273,17 @@ PartitionName=multi Nodes={every} Default=NO MaxTime=INFINITE State=UP OverSubsc
             time.sleep(0.2)
         return left
 
-    def procs_on_nodes(self) -> dict[str, list[int]]:
-        """Each node -> the pids running on it (in its UTS namespace) but its slurmd."""
+    def procs_on_nodes(self, timeout: float = 0.0) -> dict[str, list[int]]:
+        """Each node -> the pids running on it (in its UTS namespace) but its slurmd, once there are none or
+        after `timeout` s."""
+        deadline = time.monotonic() + timeout
+        found = self._procs_on_nodes()
+        while any(found.values()) and time.monotonic() < deadline:
+            time.sleep(0.5)
+            found = self._procs_on_nodes()
+        return found
+
+    def _procs_on_nodes(self) -> dict[str, list[int]]:
         import psutil
 
         def uts(pid: int) -> str | None:

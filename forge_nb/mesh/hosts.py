@@ -27,7 +27,7 @@ from monarch.actor import attach_to_workers, enable_transport
 
 from forge_nb.mesh import calls, workerforks
 from forge_nb.mesh.calls import wait
-from forge_nb.mesh.local import STOP_TIMEOUT_S, LocalMesh, forks_wanted
+from forge_nb.mesh.local import STOP_TIMEOUT_S, LocalMesh, forks_wanted, not_stopped
 from forge_nb.mesh.placement import Placement
 
 ATTACH_TIMEOUT_S = 60.0
@@ -186,22 +186,21 @@ class PlacedMesh(LocalMesh):
         """The hosts answer: watch them while calls wait (until `stop`)."""
         calls.watch(self.watch)
 
-    def stop(self) -> list[str]:
-        """Stop every proc mesh -> errors, if any. A role with procs on a host that is gone is no error:
-        what it has on hosts still up gets the stop, waited for `STOP_TIMEOUT_S` at most."""
+    def stop(self, timeout: float | None = None) -> list[str]:
+        """Stop every proc mesh -> errors, if any. After a host is gone, what is left of each role gets the
+        stop at once, each waited `STOP_TIMEOUT_S` at most, and nothing that did not stop is an error: the
+        hosts still up lose their workers too when the host was a job's node (the job step that runs them
+        all ends), and their procs' stops took ~50 s (a Slurm mesh's job is cancelled next, which ends them)."""
         calls.unwatch(self.watch)
         self.gone |= set(self.lost())
-        hit = [r for r, where in self._placed.items() if self.gone & set(where) and r in self.proc_meshes]
-        self.retire(*hit)
-        for role in hit:
-            proc_mesh = self.proc_meshes.pop(role)
-            if set(self._placed[role]) <= self.gone:
-                continue  # nothing of it is left to stop
-            try:
-                wait(proc_mesh.stop(), STOP_TIMEOUT_S)
-            except Exception:
-                pass  # the procs on the lost host cannot answer; the others got the stop
-        return super().stop()
+        if not self.gone:
+            return super().stop(timeout)
+        hit = {r for r, where in self._placed.items() if self.gone & set(where)}
+        for role in [r for r in hit if set(self._placed[r]) <= self.gone and r in self.proc_meshes]:
+            self.retire(role)
+            del self.proc_meshes[role]  # nothing of it is left to stop
+        errors = super().stop(STOP_TIMEOUT_S)
+        return [e for e in errors if e.split(":")[0] not in hit and not e.endswith(not_stopped(STOP_TIMEOUT_S))]
 
     def spawn(self, role: str, actor_class: type, spec: Any, procs: int = 1, gang: bool = False) -> Any:
         """Start `procs` procs for `role` on its hosts -> the actor mesh, one dimension "procs"."""

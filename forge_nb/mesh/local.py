@@ -141,13 +141,15 @@ class LocalMesh:
             with FAULTS.expecting(role):
                 wait(proc_mesh.stop())
 
-    def stop(self) -> list[str]:
+    def stop(self, timeout: float | None = None) -> list[str]:
         """Stop every proc mesh, all at once (each stop waits ~1 s for its processes to exit: one after
-        the other, a session's down took 4 s) -> errors, if any."""
+        the other, a session's down took 4 s), each waited `timeout` s at most -> errors, if any."""
 
         def stop(role: str) -> str | None:
             try:
-                self.proc_meshes[role].stop().get()
+                self.proc_meshes[role].stop().get(timeout)
+            except TimeoutError:
+                return f"{role}: {not_stopped(timeout)}"
             except Exception as e:  # keep stopping the others; report what failed
                 return f"{role}: {e}"
             return None
@@ -164,6 +166,11 @@ class LocalMesh:
         if forks is not None:
             forkserver.release(forks)
         return errors
+
+
+def not_stopped(timeout: float) -> str:
+    """What `LocalMesh.stop` reports of a role whose stop did not end in `timeout` s."""
+    return f"not stopped in {timeout:g} s"
 
 
 def _kill(pids: list[int], timeout: float = 5.0) -> None:

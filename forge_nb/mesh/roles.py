@@ -141,7 +141,8 @@ class Roles(Supervised):
     def stop(self) -> list[str]:
         """Stop every proc (and the Slurm job) -> errors, if any."""
         try:  # normally done right after start; this covers a start that failed half-way
-            self.unlink_shared_memory()
+            if not getattr(self.mesh, "gone", None):  # a call to a lost host's trainer waits ~20 s for HostLost
+                self.unlink_shared_memory()
         except Exception:
             pass
         errors = self.mesh.stop()
