@@ -10,7 +10,7 @@ from forge_nb.actors.base import ForgeActor
 from forge_nb.actors.model_spec import ModelSpec
 from forge_nb.config import Config, TrainerConfig
 from forge_nb.parallel.device import resolve_device
-from forge_nb.parallel.gang import Gang
+from forge_nb.parallel.gang import Gang, collectives
 from forge_nb.parallel.policy import Policy, PolicySpec
 
 
@@ -39,7 +39,7 @@ class Reference(ForgeActor):
         policy = PolicySpec(
             spec.model_dir, spec.dtype, spec.device, spec.pad_id, spec.temperature, spec.trainer, sharded
         )
-        self.policy = Policy(policy, gang)
+        self.policy, self.rank = Policy(policy, gang), gang.rank
         self.policy.model.eval()
         self._ready(rank=gang.rank, procs=gang.world)
 
@@ -47,4 +47,5 @@ class Reference(ForgeActor):
     def logprobs(self, prompt_ids: list[list[int]], completion_ids: list[list[int]]) -> list[list[float]]:
         """Reference logprobs of each completion's tokens (``logits / temperature``, as the trainer's;
         every proc of a sharded reference is called and runs its part)."""
-        return self.policy.logprobs(prompt_ids, completion_ids)
+        with collectives(self.rank, "reference"):  # a rank gone: GangError, and the session starts the gang afresh
+            return self.policy.logprobs(prompt_ids, completion_ids)

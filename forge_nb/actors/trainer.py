@@ -287,5 +287,5 @@ class Trainer(ForgeActor):
     def reference_logprobs(self, prompt_ids: list[list[int]], completion_ids: list[list[int]]) -> list[list[float]]:
         """LoRA only: the reference model's logprobs, i.e. the base's with the adapter off (no second
         copy of the weights; the `Reference` actor's contract)."""
-        with self.policy.model.disable_adapter():
+        with collectives(self.gang.rank), self.policy.model.disable_adapter():  # a rank gone: GangError
             return self.policy.logprobs(prompt_ids, completion_ids)

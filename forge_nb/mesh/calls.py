@@ -9,6 +9,7 @@ thread that has none; elsewhere (scripts, the background run) it is a plain `get
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -100,36 +101,48 @@ class GangFuture:
         self._futures, self._what, self._straggler_s = futures, what, straggler_s
         self._answers: dict[int, Any] = {}
         self._first_answer: float | None = None  # monotonic s
+        self.issued = time.time()  # when the messages went (`mesh.recovery`: was the gang restarted since?)
 
     def get(self, timeout: float | None = None) -> list[Any]:
         deadline = None if timeout is None else time.monotonic() + timeout
-        while len(self._answers) < len(self._futures):
-            out = [i for i in range(len(self._futures)) if i not in self._answers]
-            for i in out:
-                turn = self._turn(deadline, timeout, out)
+        while out := self._out():
+            for i in out:  # every rank out is tried once before a deadline is checked (a `get(0)` polls)
                 try:
-                    self._answers[i] = self._futures[i].get(turn)
+                    self._answers[i] = self._futures[i].get(self._turn(deadline))
                 except TimeoutError:
                     continue
                 if self._first_answer is None:
                     self._first_answer = time.monotonic()
+            if self._out():
+                self._check(deadline, timeout)
         return [self._answers[i] for i in range(len(self._futures))]
 
-    def _turn(self, deadline: float | None, timeout: float | None, out: list[int]) -> float | None:
-        """How long to wait on one of the ranks `out` (None: until it answers); raises at the deadlines."""
+    def _out(self) -> list[int]:
+        """The ranks that have not answered yet."""
+        return [i for i in range(len(self._futures)) if i not in self._answers]
+
+    def _ends(self, deadline: float | None) -> list[float]:
+        return [t for t in (deadline, self._straggler_deadline()) if t is not None]
+
+    def _turn(self, deadline: float | None) -> float | None:
+        """How long to wait on one rank that has not answered (None: until it does)."""
+        ends = self._ends(deadline)
+        left = max(0.0, min(ends) - time.monotonic()) if ends else None
+        # the last rank out waits whole; several take turns, so that one's failure is not waited behind another's hang
+        return left if len(self._out()) == 1 else self.POLL_S if left is None else min(self.POLL_S, left)
+
+    def _check(self, deadline: float | None, timeout: float | None) -> None:
+        """`TimeoutError` past `deadline`, `GangError` past the stragglers' deadline."""
         now = time.monotonic()
         if deadline is not None and now >= deadline:
             raise TimeoutError(f"no answer in {timeout} s")
-        ends = [t for t in (deadline, self._straggler_deadline()) if t is not None]
-        if ends and now >= min(ends):
-            answered = sorted(self._answers)
+        straggler = self._straggler_deadline()
+        if straggler is not None and now >= straggler:
+            out, answered = self._out(), sorted(self._answers)
             raise GangError(
                 f"rank {', '.join(map(str, out))} gave no answer to {self._what} {self._straggler_s:g} s after rank "
                 f"{', '.join(map(str, answered))} did: its proc died, or hangs outside any collective"
             )
-        left = min(ends) - now if ends else None
-        # the last rank out waits whole; several take turns, so that one's failure is not waited behind another's hang
-        return left if len(out) == 1 else self.POLL_S if left is None else min(self.POLL_S, left)
 
     def _straggler_deadline(self) -> float | None:
         if self._straggler_s is None or self._first_answer is None:
@@ -137,11 +150,17 @@ class GangFuture:
         return self._first_answer + self._straggler_s
 
 
+_sending = threading.Lock()
+
+
 def gang_call(actors: Any, endpoint: str, *args: Any, straggler_s: float | None = None) -> GangFuture:
     """Call `endpoint` on every proc of a gang's actor mesh (in a gang each call is a collective every rank
-    must enter), a message to each -> the `GangFuture` of their answers (`straggler_s`: see there)."""
+    must enter), a message to each -> the `GangFuture` of their answers (`straggler_s`: see there). The
+    messages of one call are sent under one lock: two threads' calls (an async run's reference logprobs
+    and its train step, a cell's checksums) reach every rank in the same order, as one cast each did."""
     procs = actors.size()
-    futures = [getattr(replica(actors, i, procs), endpoint).call_one(*args) for i in range(procs)]
+    with _sending:
+        futures = [getattr(replica(actors, i, procs), endpoint).call_one(*args) for i in range(procs)]
     return GangFuture(futures, endpoint, straggler_s)
 
 

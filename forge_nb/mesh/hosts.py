@@ -188,9 +188,9 @@ class PlacedMesh(LocalMesh):
 
     def stop(self, timeout: float | None = None) -> list[str]:
         """Stop every proc mesh -> errors, if any. After a host is gone, what is left of each role gets the
-        stop at once, each waited `STOP_TIMEOUT_S` at most, and nothing that did not stop is an error: the
-        hosts still up lose their workers too when the host was a job's node (the job step that runs them
-        all ends), and their procs' stops took ~50 s (a Slurm mesh's job is cancelled next, which ends them)."""
+        stop at once, each waited `STOP_TIMEOUT_S` at most, and the roles it held report no error. In a job
+        that is cancelled next (`cancels_job`), neither does a stop that ran out: one node's loss ends the
+        job step that runs every node's worker, and the stops of procs on the nodes still up took ~50 s."""
         calls.unwatch(self.watch)
         self.gone |= set(self.lost())
         if not self.gone:
@@ -199,8 +199,13 @@ class PlacedMesh(LocalMesh):
         for role in [r for r in hit if set(self._placed[r]) <= self.gone and r in self.proc_meshes]:
             self.retire(role)
             del self.proc_meshes[role]  # nothing of it is left to stop
-        errors = super().stop(STOP_TIMEOUT_S)
-        return [e for e in errors if e.split(":")[0] not in hit and not e.endswith(not_stopped(STOP_TIMEOUT_S))]
+        errors = [e for e in super().stop(STOP_TIMEOUT_S) if e.split(":")[0] not in hit]
+        return [e for e in errors if not e.endswith(not_stopped(STOP_TIMEOUT_S))] if self.cancels_job else errors
+
+    @property
+    def cancels_job(self) -> bool:
+        """Whether `stop` ends with the cancel of a job that holds every proc (a Slurm mesh's)."""
+        return False
 
     def spawn(self, role: str, actor_class: type, spec: Any, procs: int = 1, gang: bool = False) -> Any:
         """Start `procs` procs for `role` on its hosts -> the actor mesh, one dimension "procs"."""

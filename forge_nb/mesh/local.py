@@ -54,7 +54,7 @@ class LocalMesh:
         self.proc_meshes: dict[str, ProcMesh] = {}
         self.placement = placement
         self.gangs: set[str] = set()  # roles spawned as a torch.distributed gang (respawned as one)
-        self.actor_names: dict[str, str | None] = {}  # each role's actor mesh, as Monarch names it in a failure
+        self.actors: dict[str, Any] = {}  # each role's actor mesh (`retire` names it as Monarch's failures do)
         self.forks = forkserver.acquire(proc_env()) if self._forks(placement) else None  # importing from now
 
     def _forks(self, placement: Placement | None) -> bool:
@@ -80,15 +80,16 @@ class LocalMesh:
         if gang or role in self.gangs:
             self.gangs.add(role)
             start_gang(proc_mesh, self.master_addr(role))
-        actors = proc_mesh.spawn(role, actor_class, spec=spec)
-        self.actor_names[role] = mesh_name(actors)
+        actors = self.actors[role] = proc_mesh.spawn(role, actor_class, spec=spec)
         return actors
 
     def retire(self, *roles: str) -> None:
         """Failures of these roles' actor meshes are no faults from now on: they are being stopped
         (`supervision.FaultLog.retire`)."""
         for role in roles:
-            FAULTS.retire(self.actor_names.pop(role, None))
+            actors = self.actors.pop(role, None)
+            if actors is not None:  # its name is asked for here, not at spawn: that waited for the mesh to exist
+                FAULTS.retire(mesh_name(actors))
 
     def _bootstrap(self, role: str) -> dict[str, Any]:
         """spawn_procs' bootstrap command: through this mesh's fork server when it has one, with each

@@ -32,7 +32,7 @@ from forge_nb.actors.reference import Reference
 from forge_nb.actors.trainer import Trainer
 from forge_nb.engines.base import WeightsRefused
 from forge_nb.mesh import last_words, supervision
-from forge_nb.mesh.calls import on_gang, wait
+from forge_nb.mesh.calls import gang_call, on_gang, wait
 from forge_nb.mesh.checker import ROLE as CHECKER
 from forge_nb.mesh.envs import ROLE as ENV
 from forge_nb.mesh.judges import ROLE as JUDGE
@@ -123,7 +123,7 @@ class Supervised:
             self.reference = self.mesh.replace(
                 role, Reference, self._reference_spec, old, self.trainer_procs, kill=True
             )
-            self.info[role] = list(wait(self.reference.ready.call()).values())
+            self.info[role] = wait(gang_call(self.reference, "ready"))
         elif role == "generator":
             self._respawn_generator(old)
         self.on_event(role, f"procs {old} died ({cause}); respawned as {self.pids[role]}")
@@ -143,7 +143,7 @@ class Supervised:
         spec = dataclasses.replace(self._trainer_spec, resume_from=str(Path(checkpoint) / "trainer"))
         # killed first: a rank that died left its peers' group unusable, and one hung holds a clean stop
         self.trainer = self.mesh.replace("trainer", Trainer, spec, old, self.trainer_procs, kill=True)
-        self.info["trainer"] = list(wait(self.trainer.ready.call()).values())
+        self.info["trainer"] = wait(gang_call(self.trainer, "ready"))
         self.versions.trained = on_gang(self.trainer, "checksum")[0]
         self._attach_generators(self.transport)
         self._refresh(self.versions.trained)

@@ -141,7 +141,7 @@ class Roles(Supervised):
     def stop(self) -> list[str]:
         """Stop every proc (and the Slurm job) -> errors, if any."""
         try:  # normally done right after start; this covers a start that failed half-way
-            if not getattr(self.mesh, "gone", None):  # a call to a lost host's trainer waits ~20 s for HostLost
+            if not getattr(self.mesh, "gone", None):  # a host is gone: a trainer call waits ~20 s for HostLost
                 self.unlink_shared_memory()
         except Exception:
             pass
@@ -213,7 +213,7 @@ class Roles(Supervised):
     def _attach_generators(self, transport: str) -> str:
         """Every generator maps every trainer rank's snapshot (their manifests), then the /dev/shm names
         are dropped, so nothing can leak after (a later reader takes RDMA) -> the transport(s) chosen."""
-        ranks = wait(self.trainer.weights_manifest.call()).values()  # each rank publishes its own shards
+        ranks = wait(gang_call(self.trainer, "weights_manifest"))  # each rank publishes its own shards
         manifests = [_with_stream_options(m, self.weights_config) for m in ranks]
         if transport == "group":
             return weight_groups.attach(self, manifests)
@@ -288,7 +288,10 @@ class Roles(Supervised):
         except (SupervisionError, ActorError, GangError) as e:
             if not procs_lost(e):
                 raise
-            self.respawn("trainer" if self.reference_on_trainer else "reference", cause_of(e))
+            role = "trainer" if self.reference_on_trainer else "reference"
+            with self._recovering:  # not when another thread restarted it since this call went
+                if self._respawned_at.get(role, 0.0) < reference.issued:
+                    self.respawn(role, cause_of(e))
             logprobs = wait(self.reference_logprobs(episodes))[0]
         for e, row in zip(episodes, logprobs):
             e.ref_logprobs = row

@@ -290,9 +290,13 @@ class SlurmMesh(PlacedMesh):
         address = f"{self.addresses[host]}:{self.ports[host]}"
         return f"node {self.names[host]} (Slurm's state: {state}; its worker at {address} does not answer)"
 
-    def stop(self) -> list[str]:
+    @property
+    def cancels_job(self) -> bool:
+        return not self.cfg.keep_job
+
+    def stop(self, timeout: float | None = None) -> list[str]:
         """Stop every proc mesh, then cancel the job (unless `keep_job`) -> errors, if any."""
-        errors = super().stop()
+        errors = super().stop(timeout)
         if not self.cfg.keep_job:
             self.cancel()
         return errors

@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from forge_nb.mesh.calls import on_gang, replica, wait
+from forge_nb.mesh.calls import gang_call, on_gang, replica, wait
 from forge_nb.weights.manifest import WeightManifest
 from forge_nb.weights.refresh import RefreshReport
 
@@ -20,9 +20,9 @@ def attach(roles: Any, manifests: list[WeightManifest]) -> str:
     wait(roles.generator.fits.call(manifests))
     devices = [i.details.get("device", "cpu") for role in ("trainer", "generator") for i in roles.info[role]]
     backend = "nccl" if all(d.startswith("cuda") for d in devices) else "gloo"
-    specs = wait(roles.trainer.weights_group.call(replicas, config.group_timeout_s, backend)).values()
+    specs = wait(gang_call(roles.trainer, "weights_group", replicas, config.group_timeout_s, backend))
     manifests = [dataclasses.replace(m, group=spec) for m, spec in zip(manifests, specs)]
-    joined = roles.trainer.join_weights_group.call()
+    joined = gang_call(roles.trainer, "join_weights_group")
     generator = roles.generator
     attached = [replica(generator, i, replicas).attach.call_one(manifests, "group", i + 1) for i in range(replicas)]
     chosen = {wait(f) for f in attached}

@@ -34,16 +34,16 @@ def collective_failed(error: BaseException) -> bool:
 
 
 @contextmanager
-def collectives(rank: int) -> Iterator[None]:
-    """Turn an error out of a collective whose peers are gone into `GangError` (the session restarts the
-    gang on it); any other error passes unchanged."""
+def collectives(rank: int, role: str = "trainer") -> Iterator[None]:
+    """Turn an error out of a collective whose peers are gone into `GangError` ("`role` rank `rank`: ...";
+    the session restarts the gang on it); any other error passes unchanged."""
     try:
         yield
     except GangError:
         raise
     except Exception as e:
         if collective_failed(e):
-            raise GangError(f"trainer rank {rank}: {type(e).__name__}: {e}") from None
+            raise GangError(f"{role} rank {rank}: {type(e).__name__}: {e}") from None
         raise
 
 

@@ -1,3 +1,5 @@
+import time
+
 import pytest
 
 from forge_nb.mesh.calls import shards
@@ -49,28 +51,30 @@ def test_a_wait_runs_the_watchers_between_slices_and_raises_what_one_reports(mon
 
 
 class _Answers:
-    """A rank's future: times out `slices` waits with a timeout, then answers `value` (raises it when an
-    exception); a wait without a timeout blocks until it answers: never, for `slices` = inf."""
+    """A rank's future: answers `value` (raises it when an exception) once `ready`, else a wait with a timeout
+    times out (after at most 1 ms) and one without blocks until it is ready: never, for `ready=False`."""
 
-    def __init__(self, slices: float, value="answer") -> None:
-        self.slices, self.value, self.waits = slices, value, 0
+    def __init__(self, ready: bool | int = True, value="answer") -> None:
+        self.ready, self.value, self.waits = ready, value, 0  # an int: ready after that many waits
 
     def get(self, timeout=None):
         self.waits += 1
-        if timeout is None and self.slices == float("inf"):
+        blocks = timeout is None and self.ready is not False  # a wait without a timeout: until it answers
+        if blocks or self.ready is True or (self.ready is not False and self.waits > self.ready):
+            if isinstance(self.value, BaseException):
+                raise self.value
+            return self.value
+        if timeout is None:
             raise AssertionError("waited without a timeout on a rank that never answers")
-        if timeout is not None and self.waits <= self.slices:
-            raise TimeoutError
-        if isinstance(self.value, BaseException):
-            raise self.value
-        return self.value
+        time.sleep(min(timeout, 0.001))
+        raise TimeoutError
 
 
 def test_a_gang_call_answers_in_rank_order_and_raises_a_ranks_failure_while_another_hangs():
     from forge_nb.mesh.calls import GangFuture
 
-    assert GangFuture([_Answers(3, "r0"), _Answers(0, "r1"), _Answers(1, "r2")]).get() == ["r0", "r1", "r2"]
-    hung, failing = _Answers(float("inf")), _Answers(2, RuntimeError("rank 1: gloo timed out"))
+    assert GangFuture([_Answers(3, "r0"), _Answers(True, "r1"), _Answers(1, "r2")]).get() == ["r0", "r1", "r2"]
+    hung, failing = _Answers(False), _Answers(2, RuntimeError("rank 1: gloo timed out"))
     with pytest.raises(RuntimeError, match="rank 1: gloo timed out"):
         GangFuture([hung, failing]).get()
     assert hung.waits == 3  # took turns with the failing rank instead of waiting on rank 0 alone
@@ -81,13 +85,15 @@ def test_a_gang_call_times_out_keeping_its_answers_and_names_the_rank_that_hung_
     from forge_nb.parallel.gang import GangError
 
     monkeypatch.setattr(GangFuture, "POLL_S", 0.001)
-    slow = _Answers(40, "r1")
-    gang = GangFuture([_Answers(0, "r0"), slow])
+    first, second = _Answers(True, "r0"), _Answers(False, "r1")
+    gang = GangFuture([first, second])
     with pytest.raises(TimeoutError):
-        gang.get(timeout=0.0)
-    assert gang.get() == ["r0", "r1"]  # waited on again: rank 0's answer was kept, rank 1's came
-    gang = GangFuture([_Answers(float("inf")), _Answers(0, "r1"), _Answers(float("inf"))], "train_step", 0.05)
+        gang.get(timeout=0.0)  # polls each rank once
+    assert first.waits == 1
+    second.ready = True
+    assert gang.get() == ["r0", "r1"] and first.waits == 1  # waited on again: rank 0's answer was kept
+    gang = GangFuture([_Answers(False), _Answers(True, "r1"), _Answers(False)], "train_step", 0.05)
     with pytest.raises(GangError, match="rank 0, 2 gave no answer to train_step 0.05 s after rank 1 did"):
         gang.get()
     with pytest.raises(TimeoutError):  # no straggler rule before any rank answered: the plain timeout
-        GangFuture([_Answers(float("inf")), _Answers(float("inf"))], "train_step", 0.01).get(timeout=0.05)
+        GangFuture([_Answers(False), _Answers(False)], "train_step", 0.01).get(timeout=0.05)

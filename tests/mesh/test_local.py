@@ -42,22 +42,22 @@ def test_procs_a_replace_killed_are_no_fault_when_monarch_reports_them_later_and
     import signal
     import time
 
-    from forge_nb.mesh.supervision import FAULTS, install
+    from forge_nb.mesh.supervision import FAULTS, install, mesh_name
 
     install()
     before = frozenset(p.pid for p in child_processes())
     mesh, seen = LocalMesh(), len(FAULTS)
     try:
         old = mesh.spawn("probe", EnvProbe, None, procs=2)
-        old_name = mesh.actor_names["probe"]
+        old_name = mesh_name(old)
         new = mesh.replace("probe", EnvProbe, None, list(wait(old.pid.call()).values()), procs=2, kill=True)
-        assert mesh.actor_names["probe"] not in (None, old_name)
+        assert mesh_name(new) not in (None, old_name)
         os.kill(wait(new.slice(procs=1).pid.call_one()), signal.SIGKILL)
         deadline = time.monotonic() + 60
         while not FAULTS.since(seen) and time.monotonic() < deadline:
             time.sleep(0.1)
         time.sleep(2.0)  # the old procs were killed first: their report, were it kept, would be in by now
-        assert [f.mesh for f in FAULTS.since(seen) if f.role == "probe"] == [mesh.actor_names["probe"]]
+        assert [f.mesh for f in FAULTS.since(seen) if f.role == "probe"] == [mesh_name(new)]
     finally:
         mesh.stop()
     assert wait_no_children(exclude=before) == []

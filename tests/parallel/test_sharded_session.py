@@ -128,6 +128,31 @@ def test_a_rank_that_hangs_restarts_the_gang_on_its_peers_timeout_in_a_save_and_
     assert wait_no_children() == []
 
 
+def test_a_sharded_reference_rank_killed_or_hung_is_started_afresh_and_the_step_taken():
+    """KL on: the reference is a gang of 2 procs beside the trainer's. A reference rank killed, then one
+    stopped (SIGSTOP): each time its peer's collective fails, the reference gang is started afresh and the
+    step is taken; the trainer is not touched."""
+    s = forge_nb.up(trainer_procs=2, kl_coef=0.05, collective_timeout_s=5.0, **SMALL)
+    stopped, trainer = [], s.pids["trainer"]
+    try:
+        s.step(1)
+        os.kill(s.pids["reference"][1], signal.SIGKILL)
+        assert s.step(1).iloc[-1]["policy_version"] == 2
+        stopped.append(s.pids["reference"][0])
+        os.kill(stopped[-1], signal.SIGSTOP)
+        assert s.step(1).iloc[-1]["policy_version"] == 3
+        events = [e["what"] for e in s.status()["events"] if e["role"] == "reference"]
+        assert len(events) == 2 and all("respawned" in e for e in events), events
+        assert "GangError: reference rank 1" in events[1], events  # the stopped rank's peer timed out
+        assert s.pids["trainer"] == trainer and stopped[-1] not in s.pids["reference"]
+    finally:
+        s.down()
+        for pid in stopped:
+            if psutil.pid_exists(pid):
+                os.kill(pid, signal.SIGKILL)
+    assert wait_no_children() == []
+
+
 @pytest.mark.slow
 def test_smollm2_at_two_procs_trains_and_serves_whole_versions(tmp_path):
     """The real SmolLM2-135M-Instruct (tied embeddings, chat prompts) at 2 procs: after each step the
