@@ -27,7 +27,7 @@ from monarch.actor import attach_to_workers, enable_transport
 
 from forge_nb.mesh import calls, workerforks
 from forge_nb.mesh.calls import wait
-from forge_nb.mesh.local import STOP_TIMEOUT_S, LocalMesh, forks_wanted, not_stopped
+from forge_nb.mesh.local import STOP_TIMEOUT_S, LocalMesh, forks_wanted
 from forge_nb.mesh.placement import Placement
 
 ATTACH_TIMEOUT_S = 60.0
@@ -199,8 +199,9 @@ class PlacedMesh(LocalMesh):
         for role in [r for r in hit if set(self._placed[r]) <= self.gone and r in self.proc_meshes]:
             self.retire(role)
             del self.proc_meshes[role]  # nothing of it is left to stop
-        errors = [e for e in super().stop(STOP_TIMEOUT_S) if e.split(":")[0] not in hit]
-        return [e for e in errors if not e.endswith(not_stopped(STOP_TIMEOUT_S))] if self.cancels_job else errors
+        return super().stop(
+            STOP_TIMEOUT_S, lambda role, error: role in hit or (self.cancels_job and isinstance(error, TimeoutError))
+        )
 
     @property
     def cancels_job(self) -> bool:

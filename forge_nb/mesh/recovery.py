@@ -66,10 +66,11 @@ class Supervised:
             self.respawn("trainer", cause)
             raise CheckpointLost(f"the trainer died while saving ({cause}); nothing was saved") from None
 
-    def _supervised(self, role: str, call: Callable[[], Any]) -> Any:
-        """`call()`, after healing the roles Monarch reported dead; once more if `role` died during it."""
+    def _supervised(self, role: str, call: Callable[[], Any], since: float | None = None) -> Any:
+        """`call()`, after healing the roles Monarch reported dead; once more if `role` died during it (restarted
+        unless another thread did since `call` started, or since `since`: when its messages went earlier)."""
         self.heal()
-        started = time.time()
+        started = time.time() if since is None else since
         try:
             return call()
         except (SupervisionError, ActorError, GangError) as e:  # GangError: a rank hung (`calls.GangFuture`)

@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from monarch.actor import ActorError
 from tqdm.auto import tqdm
 
 from forge_nb.actors.base import ActorInfo
@@ -37,10 +36,8 @@ from forge_nb.mesh.envs import EnvPool
 from forge_nb.mesh.judges import JudgePool
 from forge_nb.mesh.local import LocalMesh
 from forge_nb.mesh.placement import Placement, hosts_for, plan, slurm_nodes
-from forge_nb.mesh.recovery import Supervised, cause_of, procs_lost
+from forge_nb.mesh.recovery import Supervised
 from forge_nb.mesh.slurm import SlurmMesh
-from forge_nb.mesh.supervision import SupervisionError
-from forge_nb.parallel.gang import GangError
 from forge_nb.rewards.batch import RewardBatch, RewardSample, Scores
 from forge_nb.rl.batch import TrainBatch
 from forge_nb.rl.episode import Episode
@@ -283,16 +280,13 @@ class Roles(Supervised):
         if reference is None:
             return 0.0
         start = time.perf_counter()
-        try:
-            logprobs = wait(reference)[0]
-        except (SupervisionError, ActorError, GangError) as e:
-            if not procs_lost(e):
-                raise
-            role = "trainer" if self.reference_on_trainer else "reference"
-            with self._recovering:  # not when another thread restarted it since this call went
-                if self._respawned_at.get(role, 0.0) < reference.issued:
-                    self.respawn(role, cause_of(e))
-            logprobs = wait(self.reference_logprobs(episodes))[0]
+        asked = iter([reference])  # then, if its procs were lost, a call to the fresh ones
+
+        def ask() -> list[list[float]]:
+            return wait(next(asked, None) or self.reference_logprobs(episodes))[0]
+
+        role = "trainer" if self.reference_on_trainer else "reference"
+        logprobs = self._supervised(role, ask, since=reference.issued)
         for e, row in zip(episodes, logprobs):
             e.ref_logprobs = row
         return time.perf_counter() - start

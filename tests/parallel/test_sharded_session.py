@@ -72,6 +72,13 @@ def _restored(s) -> str:
     return events[-1]["what"]
 
 
+def _kill(pids: list[int]) -> None:
+    """SIGKILL those of `pids` (procs a test stopped) that still run."""
+    for pid in pids:
+        if psutil.pid_exists(pid):
+            os.kill(pid, signal.SIGKILL)
+
+
 def test_a_rank_killed_mid_run_restarts_the_gang_from_the_last_checkpoint(tmp_path):
     checkpoint = {"every": 1, "dir": str(tmp_path), "on_trainer_failure": "restore"}
     s = forge_nb.up(trainer_procs=2, checkpoint=checkpoint, collective_timeout_s=5.0, **SMALL)
@@ -122,9 +129,7 @@ def test_a_rank_that_hangs_restarts_the_gang_on_its_peers_timeout_in_a_save_and_
         assert sums["trainer"] == sums["generator"] and s.step_count == 3
     finally:
         s.down()
-        for pid in stopped:
-            if psutil.pid_exists(pid):
-                os.kill(pid, signal.SIGKILL)
+        _kill(stopped)
     assert wait_no_children() == []
 
 
@@ -147,9 +152,7 @@ def test_a_sharded_reference_rank_killed_or_hung_is_started_afresh_and_the_step_
         assert s.pids["trainer"] == trainer and stopped[-1] not in s.pids["reference"]
     finally:
         s.down()
-        for pid in stopped:
-            if psutil.pid_exists(pid):
-                os.kill(pid, signal.SIGKILL)
+        _kill(stopped)
     assert wait_no_children() == []
 
 
