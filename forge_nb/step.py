@@ -119,7 +119,8 @@ def train(state: RunState, roles: Roles, batch: Rollout, loss_version: int) -> d
         raise SessionError(f"forge_nb: {e}") from None
     staleness = state.versions.trained - batch.policy_version
     if episodes:
-        result = roles.train_step(episodes, keep_logprobs=state.rollout_log is not None)
+        kept, masked = state.rollout_log is not None, state.config.algorithm.mask_truncated
+        result = roles.train_step(episodes, keep_logprobs=kept, mask_truncated=masked)
         for e in episodes:
             e.loss_version = result.loss_version
     else:

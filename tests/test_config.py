@@ -87,3 +87,24 @@ def test_vllm_asked_for_but_not_installed_says_how_to_install(monkeypatch):
     monkeypatch.setattr(engines, "vllm_available", lambda: False)
     with pytest.raises(ConfigError, match=r"engine.name='vllm' but vLLM is not installed: pip install"):
         Config().updated({"engine.name": "vllm"})
+
+
+def test_an_optional_field_takes_none_or_its_type():
+    assert Config.from_dict({"clip_high": 0.3}).algorithm.clip_high == 0.3
+    assert Config.from_dict({"clip_high": 1}).algorithm.clip_high == 1.0
+    assert Config.from_dict({"clip_high": None}).algorithm.clip_high is None
+    with pytest.raises(ConfigError, match="algorithm.clip_high must be float, got str 'x'"):
+        Config.from_dict({"clip_high": "x"})
+
+
+def test_a_config_written_before_clip_high_applied_to_every_loss_runs_as_it_did(tmp_path: Path):
+    """Such a dump (a checkpoint's, an export's) holds clip_high: 0.28, the old default only dapo read."""
+    old = Config.from_dict({"loss": "grpo"}).to_dict()
+    del old["algorithm"]["ratio_level"]
+    old["algorithm"]["clip_high"] = 0.28
+    with pytest.warns(UserWarning, match="clip_high=0.28 in a config written before"):
+        assert Config.from_dict(old).algorithm.upper_clip == 0.2
+    old["algorithm"]["loss"] = "dapo"
+    assert Config.from_dict(old).algorithm.upper_clip == 0.28  # dapo read it then too
+    new = Config.from_dict({"loss": "grpo", "clip_high": 0.28}).to_dict()  # written now: it has ratio_level
+    assert Config.from_dict(new).algorithm.upper_clip == 0.28

@@ -1,5 +1,7 @@
 """Sessions that start and stop inside the test: process accounting needs no other mesh alive."""
 
+import math
+
 import pytest
 
 import forge_nb
@@ -70,6 +72,24 @@ def test_dynamic_sampling_and_overlong_penalty_shape_the_train_batch():
         informative = [e for e in r.episodes if len(by_group[e.group_id]) > 1]
         metrics = s.train(r)
         assert metrics["tokens"] == sum(e.num_tokens for e in informative)
+    finally:
+        s.down()
+    assert wait_no_children() == []
+
+
+def test_gspo_sapo_and_masked_truncated_completions_in_a_session():
+    s = forge_nb.up(
+        prompts_per_step=6, group_size=4, threads_per_proc=1, max_tokens=4,
+        loss="sapo", ratio_level="sequence", off_policy_mask=0.5, mask_truncated=True,
+    )  # fmt: skip
+    try:
+        r = s.rollout()
+        cut = [e.finish_reason == "length" for e in r.episodes]
+        metrics = s.train(r)
+        assert metrics["tokens"] == sum(e.num_tokens for e, c in zip(r.episodes, cut) if not c), cut
+        assert math.isfinite(metrics["loss"]) and math.isfinite(metrics["clip_fraction"])
+        rows = s.step(2)
+        assert len(rows) == 2 and rows["loss"].map(math.isfinite).all()
     finally:
         s.down()
     assert wait_no_children() == []

@@ -41,7 +41,7 @@ class _Roles:
         rewards = [float(i % 2) for i in range(len(batch))]
         return [(slice(0, len(batch)), Scores(rewards))]
 
-    def train_step(self, episodes, keep_logprobs=True):
+    def train_step(self, episodes, keep_logprobs=True, mask_truncated=False):
         self.calls.append("train_step")
         self.kept_logprobs.append(keep_logprobs)
         self.state.versions.trained += 1

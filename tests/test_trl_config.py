@@ -19,8 +19,9 @@ def test_trl_names_set_the_forge_nb_fields():
 
 @pytest.mark.parametrize(
     ("loss_type", "loss", "token_level"),
-    [("grpo", "grpo", False), ("bnpo", "grpo", True), ("dr_grpo", "dr_grpo", False), ("dapo", "dapo", False)],
-)
+    [("grpo", "grpo", False), ("bnpo", "grpo", True), ("dr_grpo", "dr_grpo", False), ("dapo", "dapo", False),
+     ("cispo", "cispo", False), ("sapo", "sapo", False)],
+)  # fmt: skip
 def test_each_trl_loss_type_is_the_forge_nb_loss_with_the_same_normalisation(loss_type, loss, token_level):
     a = Config.from_dict({"loss_type": loss_type}).algorithm
     assert (a.loss, a.token_level) == (loss, token_level)
@@ -29,6 +30,32 @@ def test_each_trl_loss_type_is_the_forge_nb_loss_with_the_same_normalisation(los
 def test_clip_higher_and_its_none_default():
     assert Config.from_dict({"loss_type": "dapo", "epsilon": 0.2, "epsilon_high": 0.28}).algorithm.clip_high == 0.28
     assert Config.from_dict({"loss_type": "dapo", "epsilon": 0.2, "epsilon_high": None}).algorithm.clip_high == 0.2
+    # TRL clips every clipped loss at 1 + epsilon_high (GSPO's recipe: grpo, epsilon 3e-4, epsilon_high 4e-4)
+    gspo = Config.from_dict({"loss_type": "grpo", "epsilon": 3e-4, "epsilon_high": 4e-4}).algorithm
+    assert (gspo.clip_eps, gspo.upper_clip) == (3e-4, 4e-4)
+    assert Config.from_dict({"loss": "grpo", "clip_eps": 0.1}).algorithm.upper_clip == 0.1  # forge_nb's defaults
+    assert Config.from_dict({"loss": "dapo"}).algorithm.upper_clip == 0.28
+
+
+def test_cispo_takes_its_weight_cap_from_epsilon_high_as_trl_does():
+    assert Config.from_dict({"loss_type": "cispo", "epsilon_high": 5.0}).algorithm.rho_max == 5.0
+    assert Config.from_dict({"loss_type": "cispo", "epsilon": 0.2, "epsilon_high": None}).algorithm.rho_max == 0.2
+    assert Config.from_dict({"loss_type": "cispo"}).algorithm.rho_max == 0.2  # TRL: epsilon when not given
+    assert Config.from_dict({"algorithm": {"loss": "cispo"}, "epsilon_high": 5.0}).algorithm.rho_max == 5.0
+    assert Config.from_dict({"loss": "cispo"}).algorithm.rho_max == 2.0  # forge_nb's own name, forge_nb's default
+    assert Config.from_dict({"loss_type": "dapo", "epsilon_high": None}).algorithm.upper_clip == 0.2  # = epsilon
+
+
+def test_gspo_and_the_other_loss_options_from_their_trl_names():
+    a = Config.from_dict(
+        {"importance_sampling_level": "sequence", "delta": 4.0, "off_policy_mask_threshold": 0.5,
+         "sapo_temperature_pos": 0.9, "sapo_temperature_neg": 1.1, "mask_truncated_completions": True}
+    ).algorithm  # fmt: skip
+    assert (a.ratio_level, a.clip_delta, a.off_policy_mask) == ("sequence", 4.0, 0.5)
+    assert (a.sapo_tau_pos, a.sapo_tau_neg, a.mask_truncated) == (0.9, 1.1, True)
+    off = Config.from_dict({"delta": None, "off_policy_mask_threshold": None}).algorithm
+    assert (off.clip_delta, off.off_policy_mask) == (0.0, None)
+    assert Config.from_dict({"off_policy_mask_threshold": 0.0}).algorithm.off_policy_mask == 0.0  # on, as in TRL
 
 
 def test_generation_batch_size_over_num_generations_is_prompts_per_step():
@@ -45,9 +72,11 @@ def test_generation_batch_size_over_num_generations_is_prompts_per_step():
          r"algorithm\['group_size'\]=8"),
         ({"max_completion_length": 32, "engine.max_tokens": 16}, "disagrees with engine.max_tokens=16"),
         ({"loss_type": "bnpo", "token_level": False}, r"loss_type='bnpo' .*algorithm.token_level: True\) disagrees"),
-        ({"loss_type": "cispo"}, "loss_type='cispo' is not in forge_nb; it has 'grpo', 'bnpo'"),
+        ({"loss_type": "luspo"}, "loss_type='luspo' is not in forge_nb; it has 'grpo', 'bnpo'"),
+        ({"importance_sampling_level": "chunk"}, "algorithm.ratio_level must be one of \\['token', 'sequence'\\]"),
+        ({"delta": 0.5}, "algorithm.clip_delta caps the ratio: > 1"),
+        ({"loss_type": "sapo", "delta": 4.0}, "clip_delta caps a clipped loss.s ratio; loss .sapo. clips none"),
         ({"scale_rewards": "batch"}, "one std over the whole batch \\('batch'\\) is not in forge_nb"),
-        ({"loss_type": "grpo", "epsilon_high": 0.28}, "clip-higher is its dapo loss"),
         ({"generation_batch_size": 10, "num_generations": 4}, "needs num_generations \\(a divisor of it\\)"),
     ],
 )  # fmt: skip
@@ -64,7 +93,7 @@ def test_a_whole_grpo_config_maps_what_forge_nb_has_and_names_what_it_ignores():
     trl = pytest.importorskip("trl")
     values = trl.GRPOConfig(
         use_cpu=True, learning_rate=2e-5, num_generations=4, max_completion_length=24, loss_type="dr_grpo",
-        scale_rewards="none", beta=0.02, num_iterations=2, mask_truncated_completions=True,
+        scale_rewards="none", beta=0.02, num_iterations=2, top_entropy_quantile=0.2, mask_truncated_completions=True,
     ).to_dict()  # fmt: skip
     with pytest.warns(TRLConfigWarning) as caught:
         c = Config.from_dict(values)
@@ -72,9 +101,8 @@ def test_a_whole_grpo_config_maps_what_forge_nb_has_and_names_what_it_ignores():
     ours = [w for w in caught if issubclass(w.category, TRLConfigWarning)]
     assert len(ours) == 1, [str(w.message) for w in caught]
     message = str(ours[0].message)
-    assert "num_iterations=2, mask_truncated_completions=True" in message or (
-        "num_iterations=2" in message and "mask_truncated_completions=True" in message
-    )
+    assert "num_iterations=2" in message and "top_entropy_quantile=0.2" in message
+    assert "mask_truncated" not in message and c.algorithm.mask_truncated  # mapped, not ignored
     assert "output_dir" not in message and "learning_rate" not in message and "use_cpu" not in message
     a = c.algorithm
     assert (a.lr, a.group_size, c.engine.max_tokens, a.loss, a.normalize_std, a.kl_coef) == (

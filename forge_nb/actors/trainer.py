@@ -153,12 +153,6 @@ class Trainer(ForgeActor):
         self._use_loss(code, version)
         return self.loss_version
 
-    @property
-    def _clip(self) -> tuple[float, float]:
-        """The ratio range of the configured loss (DAPO's is asymmetric), for the clip_fraction metric."""
-        a = self.algorithm
-        return a.clip_eps, a.clip_high if a.loss == "dapo" else a.clip_eps
-
     def _use_loss(self, code: LiveCode, version: int) -> None:
         self.loss_fn, self.loss_version, self.loss_inert = compile_function(code), version, code.zero_advantage_inert
 
@@ -171,8 +165,15 @@ class Trainer(ForgeActor):
         start = time.perf_counter()
         try:
             with collectives(self.gang.rank):
+                a = self.algorithm
                 metrics, logprobs = self.policy.update(
-                    batch, self.loss_fn, self.algorithm.max_grad_norm, check_loss_value, self.loss_inert, self._clip
+                    batch,
+                    self.loss_fn,
+                    a.max_grad_norm,
+                    check_loss_value,
+                    self.loss_inert,
+                    a.metric_clip,
+                    a.ratio_level,
                 )
         except (CheckFailed, NonFiniteGradient) as e:
             raise LossFailed(f"loss v{self.loss_version} {e}; no optimizer step was taken") from None

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -115,7 +116,7 @@ class Config:
         names: `config.trl_names`), validated."""
         new = dataclasses.replace(self, **{s: dataclasses.replace(getattr(self, s)) for s in _SECTIONS})
         names = []  # every field set, dotted
-        for key, value in from_trl(values, _is_field).items():
+        for key, value in from_trl(_without_legacy_clip_high(values), _is_field).items():
             if key in _SECTIONS and isinstance(value, dict):
                 pairs = [(f"{key}.{sub}", v) for sub, v in value.items()]
             elif key in _MAIN_FIELD and isinstance(value, str):
@@ -129,6 +130,24 @@ class Config:
         if any(n.startswith("lora.") for n in names) and "lora.enabled" not in names:
             new.lora.enabled = True
         return new.validate()
+
+
+def _without_legacy_clip_high(values: dict[str, Any]) -> dict[str, Any]:
+    """`values` less the ``algorithm: {clip_high: 0.28}`` of a whole config written before clip_high applied to
+    every clipped loss (`to_dict` wrote that default; only dapo read it; such a dump has no ratio_level), so a
+    checkpoint's or an export's config runs its grpo or dr_grpo as it ran then (clipped at 1 +/- clip_eps)."""
+    algorithm = values.get("algorithm")
+    if not (isinstance(algorithm, dict) and algorithm.get("clip_high") == 0.28 and "ratio_level" not in algorithm):
+        return values
+    if algorithm.get("loss", "grpo") == "dapo":
+        return values
+    warnings.warn(
+        f"algorithm.clip_high=0.28 in a config written before clip_high applied to every clipped loss: left out, "
+        f"so loss {algorithm.get('loss', 'grpo')!r} clips at 1 +/- clip_eps as it did then (write ratio_level into "
+        "the algorithm section to have it read as the upper clip)",
+        stacklevel=4,
+    )
+    return {**values, "algorithm": {k: v for k, v in algorithm.items() if k != "clip_high"}}
 
 
 _SECTIONS = (
@@ -186,8 +205,13 @@ def _set(config: Config, name: str, value: Any) -> None:
         config.seed = _coerce(name, value, int)
         return
     section, sub = name.split(".")
-    expected = type(getattr(Config(), section).__getattribute__(sub))
-    setattr(getattr(config, section), sub, _coerce(name, value, expected))
+    default = getattr(Config(), section).__getattribute__(sub)
+    if default is None:  # an optional field ("float | None"): None, or a value of the annotated type
+        annotation = next(f.type for f in dataclasses.fields(getattr(Config(), section)) if f.name == sub)
+        kind = {"float": float, "int": int, "str": str, "bool": bool}[str(annotation).split("|")[0].strip()]
+        setattr(getattr(config, section), sub, None if value is None else _coerce(name, value, kind))
+        return
+    setattr(getattr(config, section), sub, _coerce(name, value, type(default)))
 
 
 def _coerce(name: str, value: Any, expected: type) -> Any:

@@ -3,6 +3,7 @@ the field it refuses."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -142,16 +143,26 @@ class MeshConfig:
         _choice("mesh.share_gpus", self.share_gpus, ("auto", "no", "yes"))
 
 
+DAPO_CLIP_HIGH = 0.28  # the DAPO paper's upper clip
+UNCLIPPED = ("cispo", "aipo", "sapo")  # built-in losses without a clip range (a capped weight, a gate)
+
+
 @dataclass
 class AlgorithmConfig:
     prompts_per_step: int = 32
     group_size: int = 8  # samples per prompt (G)
     lr: float = 5e-4
     loss: str = "grpo"  # built-in loss v0: a name in forge_nb.rl.losses.LOSSES
-    clip_eps: float = 0.2  # ratio clip (the lower one for DAPO)
-    clip_high: float = 0.28  # DAPO's upper ratio clip
-    rho_max: float = 2.0  # AIPO's importance-weight truncation
+    clip_eps: float = 0.2  # ratio clip: [1 - clip_eps, 1 + upper_clip]
+    clip_high: float | None = None  # the upper one (every clipped loss); None: 0.28 for dapo (DAPO's), else clip_eps
+    rho_max: float = 2.0  # CISPO's (AIPO's) importance-weight truncation
     token_level: bool = False  # token-level loss normalisation instead of per-sequence
+    ratio_level: str = "token"  # "sequence": one ratio per sequence, the mean log-ratio's exp (GSPO)
+    clip_delta: float = 0.0  # INTELLECT-2's two-sided clip: the unclipped ratio capped at this (> 1); 0: off
+    off_policy_mask: float | None = None  # DeepSeek-V3.2: no loss on sequences with A < 0 and mean KL above this
+    sapo_tau_pos: float = 1.0  # SAPO's gate temperature where A > 0
+    sapo_tau_neg: float = 1.05  # and where A <= 0
+    mask_truncated: bool = False  # completions cut at engine.max_tokens get no loss (DAPO's overlong filter)
     normalize_std: bool = True  # divide advantages by the group std
     group_std: str = "sample"  # "sample" (Bessel's n - 1, as TRL and verl) or "population" (n)
     dynamic_sampling: bool = False  # DAPO: leave groups whose rewards are all equal out of the train batch
@@ -160,7 +171,26 @@ class AlgorithmConfig:
     kl_coef: float = (
         0.0  # beta of the k3 KL to the initial policy; > 0 starts a frozen reference model (LoRA: the base)
     )
+    kl_unbiased: bool = False  # the KL term times the importance ratio (DeepSeek-V3.2; TRL 1.16's default)
     reward_weights: list[float] = field(default_factory=list)  # TRL's: weights for rewards.set_reward_funcs
+
+    @property
+    def upper_clip(self) -> float:
+        """The clipped losses' upper clip: the ratio is clipped at 1 + this (`clip_high`, or its default)."""
+        if self.clip_high is not None:
+            return self.clip_high
+        return DAPO_CLIP_HIGH if self.loss == "dapo" else self.clip_eps
+
+    @property
+    def metric_clip(self) -> tuple[float, float]:
+        """(low, high) for the clip_fraction metric, which counts tokens whose ratio is below 1 - low with A < 0
+        or above 1 + high with A > 0: the clip range of a clipped loss; CISPO's cap at rho_max (TRL's
+        cispo_clip_ratio: the weight is capped, the gradient kept); none for SAPO's gate (0)."""
+        if self.loss in UNCLIPPED[:2]:
+            return 1.0, self.rho_max - 1.0
+        if self.loss == "sapo":
+            return 1.0, math.inf
+        return self.clip_eps, self.upper_clip
 
     def validate(self) -> None:
         _at_least("algorithm.prompts_per_step", self.prompts_per_step, 1)
@@ -172,8 +202,20 @@ class AlgorithmConfig:
         _choice("algorithm.loss", self.loss, tuple(LOSSES))
         _choice("algorithm.group_std", self.group_std, ("sample", "population"))
         _at_least("algorithm.clip_eps", self.clip_eps, 0.0)
-        _at_least("algorithm.clip_high", self.clip_high, 0.0)
-        _at_least("algorithm.rho_max", self.rho_max, 1.0)
+        if self.clip_high is not None:
+            _at_least("algorithm.clip_high", self.clip_high, 0.0)
+        _above_zero("algorithm.rho_max", self.rho_max)
+        _choice("algorithm.ratio_level", self.ratio_level, ("token", "sequence"))
+        if self.clip_delta and not self.clip_delta > 1:
+            raise ConfigError(
+                f"algorithm.clip_delta caps the ratio: > 1 (INTELLECT-2 used 4), or 0: off; got {self.clip_delta}"
+            )
+        if self.off_policy_mask is not None:
+            _at_least("algorithm.off_policy_mask", self.off_policy_mask, 0.0)
+        if self.clip_delta and self.loss in UNCLIPPED:
+            raise ConfigError(f"algorithm.clip_delta caps a clipped loss's ratio; loss {self.loss!r} clips none")
+        _above_zero("algorithm.sapo_tau_pos", self.sapo_tau_pos)
+        _above_zero("algorithm.sapo_tau_neg", self.sapo_tau_neg)
         _at_least("algorithm.overlong_cache", self.overlong_cache, 0)
         _at_least("algorithm.kl_coef", self.kl_coef, 0.0)
         if not isinstance(self.reward_weights, list) or not all(
@@ -310,6 +352,11 @@ class LogConfig:
 def _at_least(name: str, value: float, low: float) -> None:
     if value < low:
         raise ConfigError(f"{name} must be >= {low}, got {value}")
+
+
+def _above_zero(name: str, value: float) -> None:
+    if not value > 0:
+        raise ConfigError(f"{name} must be > 0, got {value}")
 
 
 def _choice(name: str, value: str, allowed: tuple[str, ...]) -> None:

@@ -30,6 +30,13 @@ ALIASES = {
     "scale_rewards": "algorithm.normalize_std",
     "reward_weights": "algorithm.reward_weights",
     "generation_batch_size": "algorithm.prompts_per_step",
+    "importance_sampling_level": "algorithm.ratio_level",
+    "delta": "algorithm.clip_delta",
+    "off_policy_mask_threshold": "algorithm.off_policy_mask",
+    "sapo_temperature_pos": "algorithm.sapo_tau_pos",
+    "sapo_temperature_neg": "algorithm.sapo_tau_neg",
+    "mask_truncated_completions": "algorithm.mask_truncated",
+    "use_bias_correction_kl": "algorithm.kl_unbiased",
 }
 #: TRL's loss_type -> forge_nb fields with the same per-token normalisation (one process, no accumulation).
 LOSS_TYPES = {
@@ -37,7 +44,10 @@ LOSS_TYPES = {
     "bnpo": {"algorithm.loss": "grpo", "algorithm.token_level": True},  # mean over the batch's tokens
     "dr_grpo": {"algorithm.loss": "dr_grpo"},  # sum / (B x max_completion_length)
     "dapo": {"algorithm.loss": "dapo"},  # mean over the batch's tokens, clip-higher
+    "cispo": {"algorithm.loss": "cispo"},  # clipped (detached) weights x A x logprobs, mean over the batch's tokens
+    "sapo": {"algorithm.loss": "sapo"},  # soft gate, mean per sequence, then over sequences
 }
+TRL_EPSILON = 0.2  # GRPOConfig's default epsilon
 SCALE_REWARDS = {True: True, "group": True, False: False, "none": False}
 #: GRPOConfig fields about where and how TRL runs (devices, files, hubs): never reported as ignored.
 QUIET = frozenset(
@@ -84,8 +94,10 @@ def _convert(alias: str, value: Any, values: dict[str, Any]) -> dict[str, Any]:
         if value not in LOSS_TYPES:
             raise ConfigError(
                 f"loss_type={value!r} is not in forge_nb; it has 'grpo', 'bnpo' (grpo with token_level=True), "
-                "'dr_grpo' and 'dapo' (and its own loss='aipo'); or write the loss in a cell (s.set_loss)"
+                "'dr_grpo', 'dapo', 'cispo' and 'sapo'; or write the loss in a cell (s.set_loss)"
             )
+        if value == "cispo" and "epsilon_high" not in values:  # TRL caps CISPO's weights at epsilon_high or epsilon
+            return {**LOSS_TYPES[value], "algorithm.rho_max": values.get("epsilon", TRL_EPSILON)}
         return LOSS_TYPES[value]
     if alias == "scale_rewards":
         if value not in SCALE_REWARDS:
@@ -95,15 +107,8 @@ def _convert(alias: str, value: Any, values: dict[str, Any]) -> dict[str, Any]:
             )
         return {ALIASES[alias]: SCALE_REWARDS[value]}
     if alias == "epsilon_high":
-        if value is None:  # TRL: the same as epsilon (no clip-higher)
-            return {ALIASES[alias]: values["epsilon"]} if "epsilon" in values else {}
-        loss = values.get("loss_type", values.get("loss", values.get("algorithm.loss")))
-        if loss not in (None, "dapo") and value != values.get("epsilon", 0.2):
-            raise ConfigError(
-                f"epsilon_high={value} with loss_type={loss!r}: forge_nb's {loss} clips the ratio at 1 +/- epsilon; "
-                "clip-higher is its dapo loss (loss_type='dapo'), or leave epsilon_high out"
-            )
-        return {ALIASES[alias]: value}
+        value = values.get("epsilon", TRL_EPSILON) if value is None else value  # TRL: None is epsilon
+        return {"algorithm.rho_max" if _loss(values) == "cispo" else ALIASES[alias]: value}
     if alias == "reward_weights":
         return {} if value is None else {ALIASES[alias]: [float(w) for w in value]}
     if alias == "generation_batch_size":
@@ -117,6 +122,13 @@ def _convert(alias: str, value: Any, values: dict[str, Any]) -> dict[str, Any]:
             )
         return {ALIASES[alias]: value // group}
     return {} if value is None else {ALIASES[alias]: value}
+
+
+def _loss(values: dict[str, Any]) -> Any:
+    """The loss `values` ask for, by any of its names (None: not given)."""
+    section = values.get("algorithm")
+    nested = section.get("loss") if isinstance(section, dict) else None
+    return values.get("loss_type", values.get("loss", values.get("algorithm.loss", nested)))
 
 
 def _check_agrees(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import inspect
+
 from forge_nb.config import AlgorithmConfig, TaskConfig
 from forge_nb.live.capture import LiveCode
 from forge_nb.rl.losses import LOSSES
@@ -23,27 +25,33 @@ def builtin_reward(task: TaskConfig) -> LiveCode:
 
 def builtin_loss(algorithm: AlgorithmConfig, max_tokens: int) -> LiveCode:
     """Loss v0: the function `LOSSES[algorithm.loss]` names, with its options read from `algorithm`
-    (and `max_tokens`, engine.max_tokens), written as source that imports it by name, so it travels
-    and is checked like a loss cell. `kl_coef > 0` adds beta x the k3 KL to the reference's logprobs."""
+    (and `max_tokens`, engine.max_tokens; a shared option only when it is not the function's default),
+    written as source that imports it by name, so it travels and is checked like a loss cell.
+    `kl_coef > 0` passes the reference's logprobs and beta: the loss adds beta x the k3 KL per token."""
     a = algorithm
     chosen = LOSSES[a.loss]
     fn = chosen.fn.__name__
-    options = ", ".join(
+    defaults = inspect.signature(chosen.fn).parameters
+    options = [
         f"{keyword}={max_tokens if field == 'max_tokens' else getattr(a, field)!r}"
         for keyword, field in chosen.options.items()
-    )
+    ]
+    modifiers = [f"{k}={getattr(a, f)!r}" for k, f in chosen.modifiers.items() if getattr(a, f) != defaults[k].default]
+    options += modifiers
+    label = ", ".join([a.loss, *modifiers])  # the origin names what differs from the plain loss (GSPO's ratio, ...)
     if a.kl_coef > 0:
+        options.append(f"ref_logprobs=ref_logprobs, beta={a.kl_coef!r}" + (", kl_unbiased=True" * a.kl_unbiased))
         source = (
-            f"from forge_nb.rl.losses import {fn}, kl_penalty\n\n\n"
+            f"from forge_nb.rl.losses import {fn}\n\n\n"
             "def loss(logprobs, old_logprobs, advantages, mask, ref_logprobs):\n"
-            f"    surrogate = {fn}(logprobs, old_logprobs, advantages, mask, {options})\n"
-            f"    return surrogate + kl_penalty(logprobs, ref_logprobs, mask, beta={a.kl_coef})\n"
+            f"    return {fn}(logprobs, old_logprobs, advantages, mask, {', '.join(options)})\n"
         )
-        return LiveCode("loss", "loss", source, f"built-in: {a.loss} + {a.kl_coef} x KL(reference)")
+        return LiveCode("loss", "loss", source, f"built-in: {label} + {a.kl_coef} x KL(reference)")
     source = (
         f"from forge_nb.rl.losses import {fn}\n\n\n"
         "def loss(logprobs, old_logprobs, advantages, mask):\n"
-        f"    return {fn}(logprobs, old_logprobs, advantages, mask, {options})\n"
+        f"    return {fn}(logprobs, old_logprobs, advantages, mask, {', '.join(options)})\n"
     )
-    # Every loss of the family is advantage x f(ratio) per token: 0, with no gradient, where A = 0.
-    return LiveCode("loss", "loss", source, f"built-in: {a.loss}", zero_advantage_inert=True)
+    # Every loss of the family is advantage x f(ratio) per token: 0, with no gradient, where A = 0 (not so
+    # with the KL term above) and where the mask is 0.
+    return LiveCode("loss", "loss", source, f"built-in: {label}", zero_advantage_inert=True)

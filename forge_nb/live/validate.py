@@ -123,7 +123,8 @@ def validate_loss(fn: Callable, probe: LossProbe, timeout: float) -> float:
     def forward_backward() -> float:
         logprobs = probe.logprobs.clone().requires_grad_(True)
         try:
-            extra = {"ref_logprobs": probe.ref_logprobs.clone()} if takes_ref(fn) else {}
+            ref = probe.ref_logprobs
+            extra = {"ref_logprobs": ref.clone()} if ref is not None and takes_ref(fn) else {}
             loss = fn(logprobs, probe.old_logprobs.clone(), probe.advantages.clone(), probe.mask.clone(), **extra)
         except Exception as e:
             raise CheckFailed(describe_exception(e)) from e

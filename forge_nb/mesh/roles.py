@@ -291,14 +291,16 @@ class Roles(Supervised):
             e.ref_logprobs = row
         return time.perf_counter() - start
 
-    def train_step(self, episodes: list[Episode], keep_logprobs: bool = True) -> TrainResult:
+    def train_step(
+        self, episodes: list[Episode], keep_logprobs: bool = True, mask_truncated: bool = False
+    ) -> TrainResult:
         """One optimizer step on `episodes` (with their reference logprobs when a reference runs:
         rollouts carry them; those made before it existed get them here); `keep_logprobs`: the answer
-        carries the trainer's per-token logprobs."""
+        carries the trainer's per-token logprobs; `mask_truncated`: see `TrainBatch.of`."""
         if self.has_reference:
             missing = [e for e in episodes if e.ref_logprobs is None]
             self.attach_reference(missing, self.reference_logprobs(missing))
-        batch = TrainBatch.of(episodes, self.has_reference, keep_logprobs)
+        batch = TrainBatch.of(episodes, self.has_reference, keep_logprobs, mask_truncated)
         result = self._supervised(
             "trainer", lambda: on_gang(self.trainer, "train_step", batch, straggler_s=self.straggler_s)
         )

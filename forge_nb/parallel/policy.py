@@ -84,10 +84,11 @@ class Policy:
         check_loss: Callable[[torch.Tensor], torch.Tensor],
         skip_zero_advantage: bool,
         clip: tuple[float, float] = (0.2, 0.2),
+        ratio_level: str = "token",
     ) -> tuple[dict[str, float], list[list[float]] | None]:
         """One optimizer step on the whole `batch` (this rank runs its part) -> (metrics, each completion's
-        token logprobs before the step when `batch.keep_logprobs`). `clip`: the ratio range the
-        `clip_fraction` metric counts against (`rl.train_step.policy_update`)."""
+        token logprobs before the step when `batch.keep_logprobs`). `clip`, `ratio_level`: the ratio range
+        and level the `clip_fraction` metric counts against (`rl.train_step.policy_update`)."""
         tokens = batch.collate(self.spec.pad_id, self.spec.trainer.activation_checkpointing).to(self.device)
         try:
             metrics, logprobs = policy_update(
@@ -102,6 +103,7 @@ class Policy:
                 self.split(),
                 clip,
                 self.spec.trainer.entropy,
+                ratio_level,
             )
         except BaseException:
             self._abandon_step()

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import forge_nb
 from forge_nb.config import Config
+from forge_nb.live.builtin import builtin_loss, builtin_reward
 from forge_nb.live.capture import LiveCode
 
 HERE = Path(__file__).resolve().parent
@@ -25,12 +26,18 @@ HERE = Path(__file__).resolve().parent
 
 def make_live(s, kind: str, manifest: dict) -> dict[str, str]:
     """Make the exported reward set (or loss) live in session `s` -> {member: its source}. A member
-    still at the config's built-in code with weight 1 is live already."""
+    still at the config's built-in code with weight 1 is live already, unless this forge_nb writes that
+    built-in otherwise (a bundle exported by an older one runs the code it exported)."""
     sources, meta = {}, manifest[kind]
+    builtin = (
+        builtin_loss(s.config.algorithm, s.config.engine.max_tokens)
+        if kind == "loss"
+        else builtin_reward(s.config.task)
+    )
     for name, member in meta["members"].items():
         source = (HERE / member["file"]).read_text()
         sources[name] = source
-        if member["builtin"] and member["weight"] == 1.0:
+        if member["builtin"] and member["weight"] == 1.0 and source == builtin.source:
             continue
         origin = f"{member['file']} (notebook v{meta['version']})"
         code = LiveCode(

@@ -26,11 +26,17 @@ class TokenBatch:
     advantages: torch.Tensor  # [B] float, one per sequence
     ref_logprobs: torch.Tensor | None = None  # [B, L-1] float, reference-model logprobs (when a reference runs)
     policy_mask: torch.Tensor | None = None  # [B, L-1] float, multi-turn: 1 on the policy's own tokens
+    loss_rows: torch.Tensor | None = None  # [B] float, 0 on a completion left out of the loss (mask_truncated)
+
+    @property
+    def policy_tokens(self) -> torch.Tensor:
+        """[B, L-1]: the policy's own tokens (every generated token of a single completion)."""
+        return self.completion_mask if self.policy_mask is None else self.completion_mask * self.policy_mask
 
     @property
     def loss_mask(self) -> torch.Tensor:
         """[B, L-1]: the tokens the loss and its statistics see (the model attends to every real token)."""
-        return self.completion_mask if self.policy_mask is None else self.completion_mask * self.policy_mask
+        return self.policy_tokens if self.loss_rows is None else self.policy_tokens * self.loss_rows[:, None]
 
     def select(self, rows: torch.Tensor) -> TokenBatch:
         """The sequences at `rows` ([K] long), same width."""
@@ -62,10 +68,20 @@ class TrainBatch:
     ref_logprobs: list[list[float]] | None = None
     policy_masks: list[list[int]] | None = None  # multi-turn: 1 on the policy's own completion tokens
     keep_logprobs: bool = True  # answer with the trainer's per-token logprobs (the rollout log's)
+    loss_rows: list[int] | None = None  # 0: the completion is left out of the loss (mask_truncated)
 
     @classmethod
-    def of(cls, episodes: Sequence[Episode], with_reference: bool = False, keep_logprobs: bool = True) -> TrainBatch:
+    def of(
+        cls,
+        episodes: Sequence[Episode],
+        with_reference: bool = False,
+        keep_logprobs: bool = True,
+        mask_truncated: bool = False,
+    ) -> TrainBatch:
+        """The batch of `episodes`; `mask_truncated`: a completion cut at max_tokens (finish_reason "length")
+        is left out of the loss (`loss_rows`; its reward still counts in its group's advantages)."""
         multi_turn = any(e.completion_mask is not None for e in episodes)
+        cut = [int(e.finish_reason != "length") for e in episodes] if mask_truncated else None
         return cls(
             [e.prompt_ids for e in episodes],
             [e.completion_ids for e in episodes],
@@ -74,6 +90,7 @@ class TrainBatch:
             [e.ref_logprobs for e in episodes] if with_reference else None,
             [e.completion_mask or [1] * e.num_tokens for e in episodes] if multi_turn else None,
             keep_logprobs,
+            cut if cut is not None and not all(cut) else None,
         )
 
     def __len__(self) -> int:
@@ -91,6 +108,7 @@ class TrainBatch:
             self.advantages,
             self.ref_logprobs,
             self.policy_masks,
+            self.loss_rows,
         )
 
 
@@ -102,9 +120,10 @@ def collate(
     advantages: list[float] | None = None,
     ref_logprobs: list[list[float]] | None = None,
     policy_masks: list[list[int]] | None = None,
+    loss_rows: list[int] | None = None,
 ) -> TokenBatch:
     """Right-pad prompt+completion pairs into one `TokenBatch` (missing logprobs/advantages are 0;
-    `ref_logprobs` and `policy_masks` stay None unless given)."""
+    `ref_logprobs`, `policy_masks` and `loss_rows` stay None unless given)."""
     prompt_len = torch.tensor([len(p) for p in prompt_ids])
     total = prompt_len + torch.tensor([len(c) for c in completion_ids])
     batch, width = len(prompt_ids), int(total.max())
@@ -122,7 +141,8 @@ def collate(
     ref = _scatter(completion, ref_logprobs, completion_ids) if ref_logprobs is not None else None
     policy = _scatter(completion, policy_masks, completion_ids) if policy_masks is not None else None
     adv = torch.tensor(advantages if advantages is not None else [0.0] * batch, dtype=torch.float32)
-    return TokenBatch(input_ids, attention_mask, completion_mask, old, adv, ref, policy)
+    rows = torch.tensor(loss_rows, dtype=torch.float32) if loss_rows is not None else None
+    return TokenBatch(input_ids, attention_mask, completion_mask, old, adv, ref, policy, rows)
 
 
 def _scatter(where: torch.Tensor, values: list[list[float]] | None, completion_ids: list[list[int]]) -> torch.Tensor:

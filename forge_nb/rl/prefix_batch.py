@@ -36,11 +36,17 @@ class PrefixBatch:
     # [B, Lc] float, 1 on the policy's own tokens of a multi-turn completion (tool results, environment
     # messages and template glue: 0); None: every completion token is the policy's.
     policy_mask: torch.Tensor | None = None
+    loss_rows: torch.Tensor | None = None  # [B] float, 0 on a completion left out of the loss (mask_truncated)
+
+    @property
+    def policy_tokens(self) -> torch.Tensor:
+        """[B, Lc]: the policy's own tokens (every generated token of a single completion)."""
+        return self.completion_mask if self.policy_mask is None else self.completion_mask * self.policy_mask
 
     @property
     def loss_mask(self) -> torch.Tensor:
         """[B, Lc]: the tokens the loss and its statistics see (the model attends to every real token)."""
-        return self.completion_mask if self.policy_mask is None else self.completion_mask * self.policy_mask
+        return self.policy_tokens if self.loss_rows is None else self.policy_tokens * self.loss_rows[:, None]
 
     def select(self, rows: torch.Tensor) -> PrefixBatch:
         """The completions at `rows` ([K] long) and only the prompts they continue."""
@@ -70,9 +76,10 @@ def collate_prefix(
     advantages: list[float] | None = None,
     ref_logprobs: list[list[float]] | None = None,
     policy_masks: list[list[int]] | None = None,
+    loss_rows: list[int] | None = None,
 ) -> PrefixBatch:
     """B (prompt, completion) pairs -> a `PrefixBatch` with each distinct prompt once (missing
-    logprobs / advantages are 0; `ref_logprobs` and `policy_masks` stay None unless given)."""
+    logprobs / advantages are 0; `ref_logprobs`, `policy_masks` and `loss_rows` stay None unless given)."""
     index: dict[tuple[int, ...], int] = {}
     prompt_of = torch.tensor([index.setdefault(tuple(p), len(index)) for p in prompt_ids])
     prompts = list(index)
@@ -92,6 +99,7 @@ def collate_prefix(
         torch.tensor(advantages, dtype=torch.float32),
         _per_token(where, ref_logprobs, sizes) if ref_logprobs is not None else None,
         _per_token(where, policy_masks, sizes) if policy_masks is not None else None,
+        torch.tensor(loss_rows, dtype=torch.float32) if loss_rows is not None else None,
     )
 
 

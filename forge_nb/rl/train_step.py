@@ -57,6 +57,7 @@ def policy_update(
     split: Split = ONE_RANK,
     clip: tuple[float, float] = (0.2, 0.2),
     with_entropy: bool = True,
+    ratio_level: str = "token",
 ) -> tuple[dict[str, float], torch.Tensor]:
     """Forward, loss, backward, clip, step -> (metrics: loss, grad_norm, ratio stats, tokens, entropy; the
     policy's logprobs of the batch's tokens before the step [B, T], detached: for rows left out, their
@@ -65,10 +66,11 @@ def policy_update(
     Read on the policy's own tokens (the loss mask) before the step: `entropy`, the policy's mean entropy
     per token (nats, at ``logits / temperature``: `rl.entropy`); `clip_fraction`, the share of tokens the
     clip takes the gradient from: ratio to the behaviour policy below ``1 - clip[0]`` with a negative advantage,
-    or above ``1 + clip[1]`` with a positive one (the algorithm's range, whichever loss runs; TRL's and verl's
-    count; ~0 on-policy, it grows with staleness); `response_length` and
-    `response_length_max`, the policy tokens per sequence. `with_entropy` False: no entropy (NaN), and no
-    pass over the vocabulary for it.
+    or above ``1 + clip[1]`` with a positive one (the trainer passes `AlgorithmConfig.metric_clip`; TRL's and verl's
+    count; ~0 on-policy, it grows with staleness; at ``ratio_level="sequence"``, GSPO's, the share of sequences
+    whose ratio, ``exp`` of their mean log-ratio, is outside, as TRL counts it); `response_length` and
+    `response_length_max`, the policy tokens per sequence (a completion left out of the loss counted too).
+    `with_entropy` False: no entropy (NaN), and no pass over the vocabulary for it.
 
     The loss always sees the whole batch: `loss_fn` runs once, on the logprobs of every row, with the
     whole batch's normaliser, whatever `split` says. Split over ranks and micro-batches (`rl.split`),
@@ -83,16 +85,18 @@ def policy_update(
     `check_loss(loss)` runs before backward (it raises to refuse the value). A non-finite gradient
     raises `NonFiniteGradient` before the optimizer steps, so the weights are never touched.
     `skip_zero_advantage`: only for a loss that is 0, with no gradient, on a sequence whose
-    advantage is 0 (see `LiveCode.zero_advantage_inert`); such sequences are not run through the
-    model, which leaves the loss and the gradient as they were. The ratio metrics then cover the
+    advantage is 0 or whose loss mask is empty (see `LiveCode.zero_advantage_inert`); such sequences are
+    not run through the model, which leaves the loss and the gradient as they were. The ratio metrics then cover the
     sequences that ran; `rows_skipped` counts the others. With every advantage 0 the gradient is
     exactly 0: the optimizer steps on zero gradients (AdamW still moves by its moments) with no
     forward at all.
     """
     model.train()
-    if skip_zero_advantage and not bool((batch.advantages != 0).any()):
-        return _zero_gradient_step(model, optimizer, batch), batch.old_logprobs
-    ran = batch.advantages != 0 if skip_zero_advantage else torch.ones_like(batch.advantages, dtype=torch.bool)
+    ran = torch.ones_like(batch.advantages, dtype=torch.bool)
+    if skip_zero_advantage:
+        ran = (batch.advantages != 0) & (batch.loss_mask.sum(1) > 0)
+        if not bool(ran.any()):
+            return _zero_gradient_step(model, optimizer, batch), batch.old_logprobs
     work = plan(batch, ran, split)
     mask = batch.loss_mask  # the policy's own tokens (multi-turn: not tool results or environment messages)
     extra = {"ref_logprobs": batch.ref_logprobs} if batch.ref_logprobs is not None and takes_ref(loss_fn) else {}
@@ -108,10 +112,13 @@ def policy_update(
         raise NonFiniteGradient(f"backward produced a non-finite gradient norm ({grad_norm.item()})")
     optimizer.step()
     with torch.no_grad():
-        lengths = mask.sum(1)
+        lengths = batch.policy_tokens.sum(1)  # (a completion left out of the loss has its length still)
         mask = mask * ran[:, None]
         log_ratio = (logprobs - batch.old_logprobs) * mask
         ratio, advantage = log_ratio.exp(), batch.advantages[:, None]
+        over = mask  # what the clip fraction is a share of: tokens, or (GSPO) the sequences with a token
+        if ratio_level == "sequence":
+            ratio, over = masked_mean(log_ratio, mask, dim=1)[:, None].exp(), (mask.sum(1, keepdim=True) > 0).float()
         # Clipped where the clip takes the gradient away, as TRL's and verl's clip fractions count it.
         low, high = (ratio < 1 - clip[0]) & (advantage < 0), (ratio > 1 + clip[1]) & (advantage > 0)
         clipped = (low | high).to(mask.dtype)
@@ -126,7 +133,7 @@ def policy_update(
             "approx_kl": masked_mean(-log_ratio, mask).item(),
             "max_abs_logprob_diff": log_ratio.abs().max().item(),
             "entropy": masked_mean(entropies, mask).item() if entropies is not None else float("nan"),
-            "clip_fraction": masked_mean(clipped, mask).item(),
+            "clip_fraction": masked_mean(clipped, over).item(),
             "response_length": lengths.float().mean().item(),
             "response_length_max": int(lengths.max().item()),
             "tokens": int(batch.loss_mask.sum().item()),
@@ -261,7 +268,7 @@ def _zero_gradient_step(model: nn.Module, optimizer: torch.optim.Optimizer, batc
     rows = int(batch.advantages.numel())
     tokens = int(batch.loss_mask.sum().item())
     stats = {"loss": 0.0, "grad_norm": 0.0, "approx_kl": 0.0, "max_abs_logprob_diff": 0.0, "clip_fraction": 0.0}
-    lengths = batch.loss_mask.sum(1).float()
+    lengths = batch.policy_tokens.sum(1).float()
     longest = int(lengths.max().item()) if rows else 0
     length = {"response_length": lengths.mean().item() if rows else float("nan"), "response_length_max": longest}
     # No forward ran: the entropy is not known this step.

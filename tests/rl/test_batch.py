@@ -29,3 +29,24 @@ def test_collate_cuts_logprobs_to_the_completion_and_places_reference_logprobs()
     assert batch.old_logprobs.tolist() == [[0, 0], [-1, -2]]  # the logprob past the completion is dropped
     assert batch.ref_logprobs.tolist() == [[0, 0], [-4, -5]]
     assert collate([[1]], [[2]], pad_id=0).ref_logprobs is None
+
+
+def _episode(ids: list[int], finish_reason: str, mask: list[int] | None = None):
+    from forge_nb.rl.episode import Episode
+
+    return Episode(0, 0, "p", "p", "c", "t", [1, 5], ids, [-0.5] * len(ids), finish_reason, 0, completion_mask=mask)
+
+
+def test_mask_truncated_leaves_completions_cut_at_max_tokens_out_of_the_loss():
+    from forge_nb.rl.batch import TrainBatch
+
+    episodes = [_episode([3, 4, 2], "stop"), _episode([3, 4, 4, 4], "length"), _episode([3, 7, 9], "stop", [1, 0, 1])]
+    assert TrainBatch.of(episodes[:2]).loss_rows is None  # off: nothing left out, nothing sent
+    assert TrainBatch.of(episodes[:1], mask_truncated=True).loss_rows is None  # none cut
+    batch = TrainBatch.of(episodes, mask_truncated=True)
+    assert batch.loss_rows == [1, 0, 1] and batch.policy_masks == [[1, 1, 1], [1, 1, 1, 1], [1, 0, 1]]
+    for full in (False, True):
+        tokens = batch.collate(pad_id=0, full_sequences=full)
+        assert tokens.loss_mask.sum(1).tolist() == [3.0, 0.0, 2.0]
+        assert tokens.policy_tokens.sum(1).tolist() == [3.0, 4.0, 2.0]  # its length still counts
+        assert tokens.select(torch.tensor([1, 2])).loss_mask.sum(1).tolist() == [0.0, 2.0]

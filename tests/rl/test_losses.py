@@ -157,3 +157,50 @@ def test_builtin_dr_grpo_loss_does_not_depend_on_the_prompt_length():
         lp = b.old_logprobs + 0.05 * b.completion_mask
         by_width.append(dr_grpo_loss(lp, b.old_logprobs, b.advantages, b.completion_mask).item())
     assert by_width[0] != pytest.approx(by_width[1], rel=1e-3)  # the width-normalised form differs
+
+
+def test_sapo_on_policy_gradient_is_the_policy_gradient():
+    from forge_nb.rl.losses import sapo_loss
+
+    logprobs = torch.tensor([[-1.0, -2.0], [-0.5, -0.1]], requires_grad=True)
+    mask = torch.tensor([[1.0, 1.0], [1.0, 0.0]])
+    adv = torch.tensor([1.0, -2.0])
+    sapo_loss(logprobs, logprobs.detach(), adv, mask).backward()
+    grpo = logprobs.detach().clone().requires_grad_(True)
+    grpo_loss(grpo, grpo.detach(), adv, mask).backward()
+    assert torch.allclose(logprobs.grad, grpo.grad)  # the gate's slope is 1 at ratio 1, whatever tau
+
+
+def test_cispo_keeps_a_gradient_where_the_clip_would_take_it():
+    from forge_nb.rl.losses import cispo_loss
+
+    old = torch.zeros(1, 1)
+    new = torch.full((1, 1), math.log(3.0), requires_grad=True)  # ratio 3, positive advantage
+    grpo_loss(new, old, torch.tensor([1.0]), torch.ones(1, 1)).backward()
+    assert new.grad.item() == 0.0  # clipped at 1.2: no gradient
+    new.grad = None
+    cispo_loss(new, old, torch.tensor([1.0]), torch.ones(1, 1), rho_max=2.0).backward()
+    assert new.grad.item() == pytest.approx(-2.0)  # the weight is capped at 2, the token still learns
+
+
+def test_gspo_takes_one_ratio_per_sequence():
+    old = torch.zeros(1, 2)
+    new = torch.tensor([[math.log(2.0), -math.log(2.0)]])  # token ratios 2 and 0.5, their mean log-ratio 0
+    adv, mask = torch.tensor([1.0]), torch.ones(1, 2)
+    assert grpo_loss(new, old, adv, mask, ratio_level="sequence").item() == pytest.approx(-1.0)  # ratio 1
+    assert grpo_loss(new, old, adv, mask).item() == pytest.approx(-(1.2 + 0.5) / 2)  # per token: clipped at 1.2
+
+
+def test_the_off_policy_mask_drops_stale_sequences_with_negative_advantage_only():
+    from forge_nb.rl.losses import off_policy_keep
+
+    old = torch.zeros(3, 2)
+    new = torch.tensor([[-1.0, -1.0], [-1.0, -1.0], [-0.01, -0.01]])  # KL(old || new) ~ 1, 1, 0.01
+    keep = off_policy_keep(new, old, torch.tensor([-1.0, 1.0, -1.0]), torch.ones(3, 2), threshold=0.5)
+    assert keep.flatten().tolist() == [0.0, 1.0, 1.0]
+    assert off_policy_keep(new, old, torch.tensor([-1.0, 1.0, -1.0]), torch.ones(3, 2), threshold=None) == 1.0
+
+
+def test_a_ratio_level_that_is_not_one_is_refused():
+    with pytest.raises(ValueError, match="ratio_level must be 'token' or 'sequence', got 'chunk'"):
+        grpo_loss(torch.zeros(1, 1), torch.zeros(1, 1), torch.ones(1), torch.ones(1, 1), ratio_level="chunk")

@@ -21,6 +21,9 @@ LOSSES = [
     AlgorithmConfig(loss="grpo", token_level=True),
     AlgorithmConfig(loss="dr_grpo"),
     AlgorithmConfig(loss="dapo"),
+    AlgorithmConfig(loss="grpo", ratio_level="sequence"),  # GSPO: one ratio per sequence, over micro-batches too
+    AlgorithmConfig(loss="cispo", off_policy_mask=0.05),
+    AlgorithmConfig(loss="sapo", ratio_level="sequence"),
 ]
 
 
@@ -71,7 +74,9 @@ def _update(model, batch, loss_fn, budget: int, skip: bool = True):
 
 
 @pytest.mark.parametrize("layout", [collate_prefix, collate], ids=["prefix", "full"])
-@pytest.mark.parametrize("algorithm", LOSSES, ids=lambda a: a.loss + ("_token" if a.token_level else ""))
+@pytest.mark.parametrize(
+    "algorithm", LOSSES, ids=lambda a: a.loss + ("_token" if a.token_level else "") + f"_{a.ratio_level}"
+)
 def test_four_micro_batches_take_the_whole_batch_step(model, algorithm, layout):
     loss_fn = compile_function(builtin_loss(algorithm, max_tokens=6))
     batch = _batch(model, layout=layout)

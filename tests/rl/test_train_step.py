@@ -21,7 +21,20 @@ LOSSES = [
     AlgorithmConfig(loss="dr_grpo"),
     AlgorithmConfig(loss="dapo"),
     AlgorithmConfig(loss="aipo"),
+    AlgorithmConfig(loss="cispo", ratio_level="sequence", off_policy_mask=0.1),
+    AlgorithmConfig(loss="sapo"),
+    AlgorithmConfig(loss="grpo", ratio_level="sequence"),  # GSPO
+    AlgorithmConfig(loss="dapo", clip_delta=1.5, off_policy_mask=0.1),
 ]
+
+
+def _name(a: AlgorithmConfig) -> str:
+    extra = [
+        f"{f}={getattr(a, f)}"
+        for f in ("ratio_level", "clip_delta", "off_policy_mask")
+        if getattr(a, f) not in ("token", 0.0, None)
+    ]
+    return "_".join([a.loss + ("_token" if a.token_level else ""), *extra])
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +67,7 @@ def _step(model, batch, loss_fn, skip: bool):
 
 
 @pytest.mark.parametrize("layout", [collate, collate_prefix])
-@pytest.mark.parametrize("algorithm", LOSSES, ids=lambda a: a.loss + ("_token" if a.token_level else ""))
+@pytest.mark.parametrize("algorithm", LOSSES, ids=_name)
 def test_skipping_zero_advantage_sequences_leaves_loss_and_gradient_unchanged(model, algorithm, layout):
     code = builtin_loss(algorithm, max_tokens=8)
     assert code.zero_advantage_inert
@@ -68,6 +81,22 @@ def test_skipping_zero_advantage_sequences_leaves_loss_and_gradient_unchanged(mo
     for name, delta in full_delta.items():
         assert torch.allclose(skipped_delta[name], delta, atol=1e-6), name
     assert skipped["tokens"] == full["tokens"]
+
+
+@pytest.mark.parametrize("layout", [collate, collate_prefix])
+def test_rows_with_no_policy_token_are_skipped_too(model, layout):
+    """A masked truncated completion (mask_truncated) has an advantage but no token in the loss: not run."""
+    loss_fn = compile_function(builtin_loss(AlgorithmConfig(loss="dapo"), max_tokens=8))
+    batch = _batch(model, [0.0, 1.3, 0.0, -0.7, 0.9, 0.0, 2.0, -1.1], layout)
+    policy = torch.ones_like(batch.completion_mask)
+    policy[[1, 4]] = 0.0
+    batch = dataclasses.replace(batch, policy_mask=policy)
+    full, full_delta = _step(model, batch, loss_fn, skip=False)
+    skipped, skipped_delta = _step(model, batch, loss_fn, skip=True)
+    assert full["rows_skipped"] == 0 and skipped["rows_skipped"] == 5
+    assert skipped["loss"] == pytest.approx(full["loss"], abs=1e-6)
+    for name, delta in full_delta.items():
+        assert torch.allclose(skipped_delta[name], delta, atol=1e-6), name
 
 
 def test_a_batch_with_no_advantage_takes_its_usual_step_without_a_forward(model):
@@ -93,3 +122,26 @@ def test_a_batch_with_no_advantage_takes_its_usual_step_without_a_forward(model)
 def test_only_built_in_losses_without_kl_are_marked_inert():
     assert not builtin_loss(dataclasses.replace(AlgorithmConfig(), kl_coef=0.1), max_tokens=8).zero_advantage_inert
     assert not LiveCode("loss", "loss", "def loss(*a): ...", "cell").zero_advantage_inert
+
+
+def test_clip_fraction_at_the_sequence_level_is_the_share_of_sequences_clipped(model):
+    loss_fn = compile_function(builtin_loss(AlgorithmConfig(loss="grpo", ratio_level="sequence"), max_tokens=8))
+    batch = _batch(model, [1.0, -1.0, 0.5, -0.5, 2.0, -2.0, 1.0, -1.0])
+    with torch.no_grad():
+        mask = batch.loss_mask
+        lr = ((batch.logprobs(model) - batch.old_logprobs) * mask).sum(1) / mask.sum(1)
+        adv = batch.advantages
+        out = ((lr.exp() > 1.05) & (adv > 0)) | ((lr.exp() < 0.95) & (adv < 0))
+        expected = out.float().mean()  # as TRL counts it: each sequence once
+    trained = copy.deepcopy(model)
+    optimizer = torch.optim.SGD(trained.parameters(), lr=0.0)
+    sequence = policy_update(trained, optimizer, batch, loss_fn, clip=(0.05, 0.05), ratio_level="sequence")[0]
+    assert sequence["clip_fraction"] == pytest.approx(expected.item(), abs=1e-6)
+    assert 0 < expected < 1
+
+
+def test_each_loss_counts_its_own_clip():
+    assert AlgorithmConfig(loss="dapo").metric_clip == (0.2, 0.28)
+    assert AlgorithmConfig(loss="grpo", clip_high=0.3).metric_clip == (0.2, 0.3)
+    assert AlgorithmConfig(loss="cispo", rho_max=5.0).metric_clip == (1.0, 4.0)  # weights capped at 5, as TRL counts
+    assert AlgorithmConfig(loss="sapo").metric_clip[1] == float("inf")  # no clip: 0
