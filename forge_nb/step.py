@@ -106,7 +106,7 @@ def advantages(state: RunState, episodes: list[Episode], group_size: int) -> Non
     a = state.config.algorithm
     if a.overlong_cache:
         pipeline.add_overlong_penalty(episodes, state.config.engine.max_tokens, a.overlong_cache)
-    pipeline.assign_advantages(episodes, group_size, a.normalize_std, a.group_std == "sample")
+    pipeline.assign_advantages(episodes, group_size, a.normalize_std, a.group_std == "sample", a.std_over)
 
 
 def train(state: RunState, roles: Roles, batch: Rollout, loss_version: int) -> dict[str, Any]:

@@ -77,10 +77,10 @@ def test_dynamic_sampling_and_overlong_penalty_shape_the_train_batch():
     assert wait_no_children() == []
 
 
-def test_gspo_sapo_and_masked_truncated_completions_in_a_session():
+def test_gspo_sapo_masked_truncated_completions_and_the_batch_std_in_a_session():
     s = forge_nb.up(
         prompts_per_step=6, group_size=4, threads_per_proc=1, max_tokens=4,
-        loss="sapo", ratio_level="sequence", off_policy_mask=0.5, mask_truncated=True,
+        loss="sapo", ratio_level="sequence", off_policy_mask=0.5, mask_truncated=True, std_over="batch",
     )  # fmt: skip
     try:
         r = s.rollout()

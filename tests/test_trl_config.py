@@ -58,6 +58,12 @@ def test_gspo_and_the_other_loss_options_from_their_trl_names():
     assert Config.from_dict({"off_policy_mask_threshold": 0.0}).algorithm.off_policy_mask == 0.0  # on, as in TRL
 
 
+def test_scale_rewards_group_batch_or_none():
+    for value, expected in (("group", (True, "group")), ("batch", (True, "batch")), ("none", (False, "group"))):
+        a = Config.from_dict({"scale_rewards": value}).algorithm
+        assert (a.normalize_std, a.std_over) == expected, value
+
+
 def test_generation_batch_size_over_num_generations_is_prompts_per_step():
     a = Config.from_dict({"generation_batch_size": 16, "num_generations": 4}).algorithm
     assert (a.prompts_per_step, a.group_size) == (4, 4)
@@ -76,7 +82,8 @@ def test_generation_batch_size_over_num_generations_is_prompts_per_step():
         ({"importance_sampling_level": "chunk"}, "algorithm.ratio_level must be one of \\['token', 'sequence'\\]"),
         ({"delta": 0.5}, "algorithm.clip_delta caps the ratio: > 1"),
         ({"loss_type": "sapo", "delta": 4.0}, "clip_delta caps a clipped loss.s ratio; loss .sapo. clips none"),
-        ({"scale_rewards": "batch"}, "one std over the whole batch \\('batch'\\) is not in forge_nb"),
+        ({"scale_rewards": "batch", "std_over": "group"}, "scale_rewards='batch' .* disagrees with std_over='group'"),
+        ({"scale_rewards": "max"}, "scale_rewards='max': forge_nb divides advantages by their group's std"),
         ({"generation_batch_size": 10, "num_generations": 4}, "needs num_generations \\(a divisor of it\\)"),
     ],
 )  # fmt: skip

@@ -163,8 +163,9 @@ class AlgorithmConfig:
     sapo_tau_pos: float = 1.0  # SAPO's gate temperature where A > 0
     sapo_tau_neg: float = 1.05  # and where A <= 0
     mask_truncated: bool = False  # completions cut at engine.max_tokens get no loss (DAPO's overlong filter)
-    normalize_std: bool = True  # divide advantages by the group std
+    normalize_std: bool = True  # divide advantages by the std (of their group, or see std_over)
     group_std: str = "sample"  # "sample" (Bessel's n - 1, as TRL and verl) or "population" (n)
+    std_over: str = "group"  # "batch": one std of the whole batch's rewards (Lite PPO; TRL's scale_rewards="batch")
     dynamic_sampling: bool = False  # DAPO: leave groups whose rewards are all equal out of the train batch
     overlong_cache: int = 0  # DAPO soft overlong penalty over the last this-many tokens of engine.max_tokens (0: off)
     max_grad_norm: float = 1.0
@@ -201,6 +202,7 @@ class AlgorithmConfig:
 
         _choice("algorithm.loss", self.loss, tuple(LOSSES))
         _choice("algorithm.group_std", self.group_std, ("sample", "population"))
+        _choice("algorithm.std_over", self.std_over, ("group", "batch"))
         _at_least("algorithm.clip_eps", self.clip_eps, 0.0)
         if self.clip_high is not None:
             _at_least("algorithm.clip_high", self.clip_high, 0.0)

@@ -48,7 +48,9 @@ LOSS_TYPES = {
     "sapo": {"algorithm.loss": "sapo"},  # soft gate, mean per sequence, then over sequences
 }
 TRL_EPSILON = 0.2  # GRPOConfig's default epsilon
-SCALE_REWARDS = {True: True, "group": True, False: False, "none": False}
+#: TRL's scale_rewards -> (algorithm.normalize_std, algorithm.std_over).
+SCALE_REWARDS = {True: (True, "group"), "group": (True, "group"), "batch": (True, "batch"), False: (False, "group"),
+                 "none": (False, "group")}  # fmt: skip
 #: GRPOConfig fields about where and how TRL runs (devices, files, hubs): never reported as ignored.
 QUIET = frozenset(
     {"use_cpu", "bf16", "fp16", "tf32", "output_dir", "logging_dir", "report_to", "hub_token", "push_to_hub",
@@ -102,10 +104,11 @@ def _convert(alias: str, value: Any, values: dict[str, Any]) -> dict[str, Any]:
     if alias == "scale_rewards":
         if value not in SCALE_REWARDS:
             raise ConfigError(
-                f"scale_rewards={value!r}: forge_nb divides advantages by their group's std ('group', True) or "
-                "not at all ('none', False); one std over the whole batch ('batch') is not in forge_nb"
+                f"scale_rewards={value!r}: forge_nb divides advantages by their group's std ('group', True), by the "
+                "batch's ('batch'), or not at all ('none', False)"
             )
-        return {ALIASES[alias]: SCALE_REWARDS[value]}
+        normalize, over = SCALE_REWARDS[value]
+        return {ALIASES[alias]: normalize, "algorithm.std_over": over}
     if alias == "epsilon_high":
         value = values.get("epsilon", TRL_EPSILON) if value is None else value  # TRL: None is epsilon
         return {"algorithm.rho_max" if _loss(values) == "cispo" else ALIASES[alias]: value}

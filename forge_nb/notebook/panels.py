@@ -49,7 +49,7 @@ PANELS = (
     Panel("agent: tool calls per step", "calls", ("tool_calls", "tool_errors")),
     Panel("policy entropy", "nats per token", ("entropy",)),
     Panel("response length", "policy tokens", ("response_length", "response_length_max")),
-    Panel("clip fraction", "share of tokens clipped", ("clip_fraction",)),
+    Panel("clip fraction", "share clipped (tokens; GSPO: sequences)", ("clip_fraction",)),
     Panel("KL to the reference (k3)", "nats per token", ("kl_ref",)),
 )
 # Shown before the first step, so a new dashboard is not an empty box.

@@ -11,11 +11,14 @@ def group_relative(
     eps: float = 1e-6,
     valid: torch.Tensor | None = None,
     unbiased: bool = False,
+    std_over: str = "group",
 ) -> torch.Tensor:
     """rewards [P, G] (P prompts x G samples each) -> advantages [P, G].
 
     ``A = (r - mean_group(r)) / (std_group(r) + eps)``; with `normalize_std=False` only the mean is
     removed (Dr.GRPO). A group whose rewards are all equal gets advantage 0 everywhere.
+    ``std_over="batch"``: the std is one, of every valid reward of the batch (Lite PPO: a group's mean, the
+    batch's std; TRL's ``scale_rewards="batch"``), so a group whose rewards barely differ is not blown up.
     `unbiased`: the sample std (Bessel, n - 1: TRL and verl) instead of the population std (n); the
     two differ by sqrt(n / (n - 1)), 1.07x for G = 8. A group of one has std 0 either way.
     `valid` [P, G] bool leaves samples out (a reward that failed on them): their advantage is 0 and
@@ -29,6 +32,13 @@ def group_relative(
     centered = (rewards - mean) * weights
     if not normalize_std:
         return centered
+    if std_over == "batch":
+        total = weights.sum()
+        spread = (rewards - (rewards * weights).sum() / total.clamp(min=1.0)) * weights
+        dof = (total - 1).clamp(min=1.0) if unbiased else total.clamp(min=1.0)
+        return centered / ((spread**2).sum() / dof).sqrt().add(eps)
+    if std_over != "group":
+        raise ValueError(f"std_over must be 'group' or 'batch', got {std_over!r}")
     dof = (count - 1).clamp(min=1.0) if unbiased else count  # a group of one: 0 / 1, not NaN
     std = ((centered**2).sum(dim=1, keepdim=True) / dof).sqrt()
     return centered / (std + eps)

@@ -198,14 +198,20 @@ def add_overlong_penalty(episodes: Sequence[Episode], max_tokens: int, cache: in
 
 
 def assign_advantages(
-    episodes: Sequence[Episode], group_size: int, normalize_std: bool = True, unbiased_std: bool = True
+    episodes: Sequence[Episode],
+    group_size: int,
+    normalize_std: bool = True,
+    unbiased_std: bool = True,
+    std_over: str = "group",
 ) -> None:
     """Group-relative advantages over consecutive groups of `group_size` episodes (prompt-major
-    order). Episodes whose reward failed get advantage 0 and do not count in their group."""
+    order). Episodes whose reward failed get advantage 0 and do not count in their group (nor in the
+    batch's std with ``std_over="batch"``)."""
     groups = len(episodes) // group_size
     valid = torch.tensor([e.reward_error is None for e in episodes]).view(groups, group_size)
     rewards = torch.tensor([e.reward for e in episodes]).view(groups, group_size)
-    advantages = group_relative(rewards, normalize_std, valid=valid, unbiased=unbiased_std).flatten().tolist()
+    advantages = group_relative(rewards, normalize_std, valid=valid, unbiased=unbiased_std, std_over=std_over)
+    advantages = advantages.flatten().tolist()
     for e, a in zip(episodes, advantages):
         e.advantage = a
 

@@ -1,3 +1,4 @@
+import pytest
 import torch
 
 from forge_nb.rl.advantages import group_relative
@@ -50,3 +51,21 @@ def test_sample_std_is_bessel_corrected_and_a_group_of_one_still_gives_zero():
     assert torch.allclose(adv, torch.tensor([[1.0, -1.0, -1.0, 1.0]]) * 0.5 / (1 / 3) ** 0.5)
     single = group_relative(torch.tensor([[3.0, 1.0]]), valid=torch.tensor([[True, False]]), unbiased=True)
     assert torch.equal(single, torch.zeros(1, 2))
+
+
+def test_batch_std_is_trls_scale_rewards_batch():
+    """A group's mean, one std of every reward of the batch: TRL's own expression (its nanstd), eps aside."""
+    nanstd = pytest.importorskip("trl.trainer.utils").nanstd
+    rewards = torch.tensor([[1.0, 0.0, 0.0, 0.0], [0.5, 0.5, 0.5, 0.6], [2.0, 0.0, 1.0, 1.0]])
+    trl = (rewards - rewards.mean(1, keepdim=True)) / (nanstd(rewards.flatten()) + 1e-4)
+    assert torch.allclose(group_relative(rewards, eps=1e-4, unbiased=True, std_over="batch"), trl, atol=1e-6)
+    by_group = group_relative(rewards, unbiased=True)
+    assert by_group[1].abs().max() > 1.0 > trl[1].abs().max()  # a group that barely differs is not blown up
+
+
+def test_batch_std_leaves_failed_rewards_out():
+    rewards = torch.tensor([[1.0, 0.0], [3.0, 100.0]])
+    valid = torch.tensor([[True, True], [True, False]])
+    out = group_relative(rewards, eps=0.0, valid=valid, unbiased=True, std_over="batch")
+    std = torch.tensor([1.0, 0.0, 3.0]).std()
+    assert torch.allclose(out, torch.tensor([[0.5 / std, -0.5 / std], [0.0, 0.0]]))
