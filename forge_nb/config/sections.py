@@ -187,7 +187,7 @@ class AlgorithmConfig:
         """(low, high) for the clip_fraction metric, which counts tokens whose ratio is below 1 - low with A < 0
         or above 1 + high with A > 0: the clip range of a clipped loss; CISPO's cap at rho_max (TRL's
         cispo_clip_ratio: the weight is capped, the gradient kept); none for SAPO's gate (0)."""
-        if self.loss in UNCLIPPED[:2]:
+        if self.loss in ("cispo", "aipo"):
             return 1.0, self.rho_max - 1.0
         if self.loss == "sapo":
             return 1.0, math.inf

@@ -40,7 +40,7 @@ def builtin_loss(algorithm: AlgorithmConfig, max_tokens: int) -> LiveCode:
     options += modifiers
     label = ", ".join([a.loss, *modifiers])  # the origin names what differs from the plain loss (GSPO's ratio, ...)
     if a.kl_coef > 0:
-        options.append(f"ref_logprobs=ref_logprobs, beta={a.kl_coef!r}" + (", kl_unbiased=True" * a.kl_unbiased))
+        options += [f"ref_logprobs=ref_logprobs, beta={a.kl_coef!r}"] + (["kl_unbiased=True"] if a.kl_unbiased else [])
         source = (
             f"from forge_nb.rl.losses import {fn}\n\n\n"
             "def loss(logprobs, old_logprobs, advantages, mask, ref_logprobs):\n"
