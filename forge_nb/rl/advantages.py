@@ -33,15 +33,19 @@ def group_relative(
     if not normalize_std:
         return centered
     if std_over == "batch":
-        total = weights.sum()
-        spread = (rewards - (rewards * weights).sum() / total.clamp(min=1.0)) * weights
-        dof = (total - 1).clamp(min=1.0) if unbiased else total.clamp(min=1.0)
-        return centered / ((spread**2).sum() / dof).sqrt().add(eps)
+        total = weights.sum().clamp(min=1.0)
+        return centered / (_std((rewards - (rewards * weights).sum() / total) * weights, total, unbiased) + eps)
     if std_over != "group":
         raise ValueError(f"std_over must be 'group' or 'batch', got {std_over!r}")
-    dof = (count - 1).clamp(min=1.0) if unbiased else count  # a group of one: 0 / 1, not NaN
-    std = ((centered**2).sum(dim=1, keepdim=True) / dof).sqrt()
-    return centered / (std + eps)
+    return centered / (_std(centered, count, unbiased, dim=1) + eps)
+
+
+def _std(deviations: torch.Tensor, count: torch.Tensor, unbiased: bool, dim: int | None = None) -> torch.Tensor:
+    """The std of `count` values (>= 1) from their `deviations` from their mean (0 where left out), summed over
+    `dim` (None: all), with Bessel's n - 1 when `unbiased` (a single value: 0 / 1, not NaN)."""
+    dof = (count - 1).clamp(min=1.0) if unbiased else count
+    squares = (deviations**2).sum() if dim is None else (deviations**2).sum(dim=dim, keepdim=True)
+    return (squares / dof).sqrt()
 
 
 def informative_groups(rewards: torch.Tensor) -> torch.Tensor:

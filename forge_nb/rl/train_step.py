@@ -15,7 +15,7 @@ from torch import nn
 
 from forge_nb.rl import entropy
 from forge_nb.rl.batch import TokenBatch
-from forge_nb.rl.losses import kl_k3, masked_mean
+from forge_nb.rl.losses import kl_k3, log_ratio, masked_mean
 from forge_nb.rl.prefix_batch import PrefixBatch
 from forge_nb.rl.split import ONE_RANK, Plan, Split, plan
 
@@ -114,11 +114,10 @@ def policy_update(
     with torch.no_grad():
         lengths = batch.policy_tokens.sum(1)  # (a completion left out of the loss has its length still)
         mask = mask * ran[:, None]
-        log_ratio = (logprobs - batch.old_logprobs) * mask
-        ratio, advantage = log_ratio.exp(), batch.advantages[:, None]
-        over = mask  # what the clip fraction is a share of: tokens, or (GSPO) the sequences with a token
-        if ratio_level == "sequence":
-            ratio, over = masked_mean(log_ratio, mask, dim=1)[:, None].exp(), (mask.sum(1, keepdim=True) > 0).float()
+        diff = (logprobs - batch.old_logprobs) * mask
+        ratio, advantage = log_ratio(logprobs, batch.old_logprobs, mask, ratio_level).exp(), batch.advantages[:, None]
+        # What the clip fraction is a share of: tokens, or (GSPO) the sequences with a token.
+        over = (mask.sum(1, keepdim=True) > 0).float() if ratio_level == "sequence" else mask
         # Clipped where the clip takes the gradient away, as TRL's and verl's clip fractions count it.
         low, high = (ratio < 1 - clip[0]) & (advantage < 0), (ratio > 1 + clip[1]) & (advantage > 0)
         clipped = (low | high).to(mask.dtype)
@@ -130,8 +129,8 @@ def policy_update(
             "loss": loss.item(),
             "grad_norm": grad_norm.item(),
             # k1 estimate of KL(behaviour || current) on the batch's own tokens.
-            "approx_kl": masked_mean(-log_ratio, mask).item(),
-            "max_abs_logprob_diff": log_ratio.abs().max().item(),
+            "approx_kl": masked_mean(-diff, mask).item(),
+            "max_abs_logprob_diff": diff.abs().max().item(),
             "entropy": masked_mean(entropies, mask).item() if entropies is not None else float("nan"),
             "clip_fraction": masked_mean(clipped, over).item(),
             "response_length": lengths.float().mean().item(),
