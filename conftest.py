@@ -1,8 +1,8 @@
 """Suite-wide settings (tests/ and notebooks/): sessions use the plain-torch engine unless a test asks
 for vLLM by name, so the suite does not pay vLLM's ~45 s start for every session; run directories
-(rollout logs, trackers, periodic checkpoints) go to a temporary folder removed at the end, not into
-the checkout (run ids carry the pid, so parallel workers share it safely); OpenMP threads wait passively
-(see below). Kernels and procs started by the tests inherit all three.
+(rollout logs, trackers, periodic checkpoints) go to the run's temporary folder (tests/suite_tmp.py), removed
+at the end, not into the checkout (run ids carry the pid, so parallel workers share it safely); OpenMP threads
+wait passively (see below). Kernels and procs started by the tests inherit all three.
 
 How the suite is split (README, "The test suite"): every item gets, at collection, the markers below and
 an xdist group, so a new test file needs no opt-in.
@@ -16,15 +16,14 @@ an xdist group, so a new test file needs no opt-in.
   deselects those and `slow`.
 """
 
-import atexit
 import os
 import re
-import shutil
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
+
+from tests import suite_tmp
 
 os.environ.setdefault("FORGE_NB_ENGINE", "torch")
 # Two test files at once run two meshes of 4-5 procs each, with two OpenMP threads each, on 2 cores. OpenMP
@@ -44,9 +43,9 @@ if _bin not in os.environ.get("PATH", "").split(os.pathsep):
 # the tests of that default set it back to 0 themselves. Kernels and subprocesses inherit it; each one's server
 # ends with it.
 os.environ.setdefault("FORGE_NB_FORK_LINGER_S", "900")
-if "FORGE_NB_RUNS" not in os.environ:
-    os.environ["FORGE_NB_RUNS"] = _runs = tempfile.mkdtemp(prefix="forge_nb-runs-")
-    atexit.register(shutil.rmtree, _runs, ignore_errors=True)
+# Temporary files of every process of the run in one folder of the run, removed at its end; what the tests
+# leave there fails the run (tests/suite_tmp.py). The run directories go there too.
+suite_tmp.set_up()
 
 MARKERS = {
     "tutorial": "a tutorial's cell, executed by nbval (make test-fast leaves these out)",
@@ -170,3 +169,20 @@ def shorten_tutorials(items) -> None:
         for item in found:
             if values and parameters.is_parameters(item.cell):
                 item.cell.source = parameters.apply(item.cell.source, values)
+
+
+@pytest.hookimpl(trylast=True)  # after xdist's, which stops the workers (their fork servers, their kernels)
+def pytest_sessionfinish(session, exitstatus):
+    """The run fails when its tests left files in its temp folder (tests/suite_tmp.py): named here."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    forks = sys.modules.get("forge_nb.mesh.forkserver")
+    if forks is not None:  # without workers (-n 0) the tests ran here: the lingering fork server is this run's
+        forks._stop_idle()
+    found = suite_tmp.leftovers()
+    if found:
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        reporter.write_sep("=", "files left behind", red=True)
+        reporter.write_line(suite_tmp.describe(found))
+        if session.exitstatus == pytest.ExitCode.OK:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED

@@ -60,6 +60,9 @@ def _output_to(path: Path) -> Iterator[None]:
             for fd, copy in saved.items():
                 os.dup2(copy, fd)
                 os.close(copy)
+    # Started: the log has served (kept, one per generator proc piled up in the temp folder). With TP > 1 the
+    # ranks' workers still write to it, unseen from now on; a rank that dies is named by `lost`, not its output.
+    path.unlink(missing_ok=True)
 
 
 def _flush() -> None:

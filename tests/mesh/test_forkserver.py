@@ -101,7 +101,7 @@ def test_the_server_exits_when_the_process_that_started_it_is_gone(tmp_path):
     parent.kill()  # no stop(): the server's standard input closes with its parent
     parent.wait(30)
     assert wait_gone([int(pid)], timeout=30) == []
-    assert Path(folder.decode()).exists()  # (only stop() removes the folder; it is in the temp directory)
+    assert not Path(folder.decode()).exists()  # the server took its socket's folder with it
 
 
 def test_a_released_server_lingers_for_the_next_acquire_with_the_same_environment(monkeypatch):
