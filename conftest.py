@@ -173,16 +173,17 @@ def shorten_tutorials(items) -> None:
 
 @pytest.hookimpl(trylast=True)  # after xdist's, which stops the workers (their fork servers, their kernels)
 def pytest_sessionfinish(session, exitstatus):
-    """The run fails when its tests left files in its temp folder (tests/suite_tmp.py): named here."""
+    """The run fails when its tests left files with data in its temp folder (tests/suite_tmp.py): named here."""
     if os.environ.get("PYTEST_XDIST_WORKER"):
         return
     forks = sys.modules.get("forge_nb.mesh.forkserver")
     if forks is not None:  # without workers (-n 0) the tests ran here: the lingering fork server is this run's
         forks._stop_idle()
     found = suite_tmp.leftovers()
-    if found:
-        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
-        reporter.write_sep("=", "files left behind", red=True)
-        reporter.write_line(suite_tmp.describe(found))
-        if session.exitstatus == pytest.ExitCode.OK:
-            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    if not found:
+        return
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    reporter.write_sep("=", "files left behind", red=any(found.values()))
+    reporter.write_line(suite_tmp.describe(found))
+    if any(found.values()) and session.exitstatus == pytest.ExitCode.OK:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED

@@ -7,7 +7,9 @@ gates differ; on-policy, with ``--mode sync``, every loss here is close to the p
 loss: held-out greedy accuracy before and after (200 problems; the seed picks them) as the mean over seeds ± its
 standard error (n = seeds), the mean training reward of the last 50 steps (mean ± SE), the clip fraction (share of
 tokens whose ratio is outside the clip, as each loss's metric counts it), the k1 KL(generator || policy) at the
-step (`approx_kl`), the mean staleness, and the median train seconds per step (the loss's cost is inside it).
+step (`approx_kl`), the mean staleness, the optimizer steps per batch (`updates`: more than 1 with
+`algorithm.epochs` or `algorithm.mini_batches`), the median train seconds per step (the loss's cost is inside
+it) and the mean wall seconds of a run.
 
     python benchmarks/losses.py [--steps 600] [--seeds 4] [--mode async|sync]
 """
@@ -27,6 +29,9 @@ LOSSES = {
     "gspo": {"loss": "grpo", "ratio_level": "sequence", "clip_eps": 3e-4, "clip_high": 4e-4},  # the paper's clips
     "cispo": {"loss": "cispo", "rho_max": 5.0},  # ScaleRL's epsilon_max
     "sapo": {"loss": "sapo"},
+    # Several optimizer steps a batch (rl/updates.py): grpo twice over each batch, and in 4 mini-batches of 8 groups.
+    "grpo-e2": {"loss": "grpo", "epochs": 2},
+    "grpo-m4": {"loss": "grpo", "mini_batches": 4},
 }
 
 
@@ -46,6 +51,7 @@ def one_run(overrides: dict, seed: int, steps: int, mode: str) -> dict:
             "kl": float(train.approx_kl.mean()),
             "train_s": float(rows.train_s.median()),
             "staleness": float(rows.staleness.mean()),
+            "updates": float(train.updates.mean()),
             "seconds": seconds,
         }
     finally:
@@ -72,13 +78,16 @@ def main() -> None:
         f"\n{args.steps} steps x {args.seeds} seeds each, {args.mode} (max_staleness 2), bundled model and task; "
         f"mean ± standard error over the {args.seeds} seeds\n"
     )
-    columns = ["held-out before", "held-out after", "reward, last 50", "clip frac", "approx_kl", "staleness", "train s"]
-    print(f"{'loss':<7}" + "".join(f"{c:>17}" for c in columns))
+    columns = ["held-out before", "held-out after", "reward, last 50", "clip frac", "approx_kl", "staleness"]
+    columns += ["updates", "train s", "run s"]
+    print(f"{'loss':<8}" + "".join(f"{c:>17}" for c in columns))
     for name, runs in results.items():
         cells = [mean_se([r[k] for r in runs]) for k in ("before", "heldout", "reward")]
         cells += [f"{statistics.mean(r[k] for r in runs):.{d}f}" for k, d in (("clip", 4), ("kl", 5), ("staleness", 2))]
+        cells.append(f"{statistics.mean(r['updates'] for r in runs):.2f}")
         cells.append(f"{statistics.median(r['train_s'] for r in runs):.4f}")
-        print(f"{name:<7}" + "".join(f"{c:>17}" for c in cells))
+        cells.append(f"{statistics.mean(r['seconds'] for r in runs):.0f}")
+        print(f"{name:<8}" + "".join(f"{c:>17}" for c in cells))
     print("\nconfigs: " + "; ".join(f"{k} {v}" for k, v in LOSSES.items() if k in results))
 
 

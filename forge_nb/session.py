@@ -185,8 +185,8 @@ class Session(ExternalAgentsMixin):
             return step.rollout(self.state, self._require_up(), problems)
 
     def train(self, rollout: Rollout) -> dict[str, Any]:
-        """One optimizer step on `rollout` -> metrics (loss, grad_norm, policy_version, train_seconds, ...).
-        Counts one trained batch (`step_count`)."""
+        """The trainer's steps on `rollout` (one, or `algorithm.epochs` x `algorithm.mini_batches`) -> metrics
+        (loss, grad_norm, updates, policy_version, train_seconds, ...). Counts one trained batch (`step_count`)."""
         with self.training_lock:
             return step.train(self.state, self._require_up(), rollout, self.live_code.live("loss").version)
 

@@ -4,7 +4,8 @@
     score     the reward procs run the live reward set on every completion (the reference model
               scores the same tokens meanwhile, when KL is on)
     advantages  group-relative, per prompt (`rl.advantages`), plus DAPO's overlong penalty if set
-    train     the trainer takes one optimizer step with the live loss and publishes version v + 1
+    train     the trainer takes an optimizer step with the live loss (or `algorithm.epochs` x
+              `algorithm.mini_batches` of them) and publishes version v + 1
     sync      every generator replica loads v + 1 (/dev/shm on the trainer's host, its TCP streams elsewhere)
 
 The actor calls are in `mesh.roles.Roles`, the pure pieces in `rl/` and `rewards/`, the state they
@@ -19,7 +20,7 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from forge_nb.actors.trainer import TrainResult
+from forge_nb.actors.trainer import LossFailed, TrainResult
 from forge_nb.agents.episodes import episodes_of, own_reward, row_of, share_with_segments, trajectory_ends
 from forge_nb.engines.base import SamplingParams
 from forge_nb.mesh.roles import Roles
@@ -110,9 +111,12 @@ def advantages(state: RunState, episodes: list[Episode], group_size: int) -> Non
 
 
 def train(state: RunState, roles: Roles, batch: Rollout, loss_version: int) -> dict[str, Any]:
-    """One optimizer step on the batch's informative groups -> metrics (loss, grad_norm, policy_version,
-    train_seconds, ...). Counts one trained batch (`state.step_count`), also when dynamic sampling
-    left nothing to train on (no step is taken then; `loss_version` is the live one, for the row)."""
+    """The trainer's steps on the batch's informative groups (one, or `algorithm.epochs` x
+    `algorithm.mini_batches`) -> metrics (loss, grad_norm, updates, policy_version, train_seconds, ...).
+    Counts one trained batch (`state.step_count`), also when dynamic sampling left nothing to train on (no
+    step is taken then; `loss_version` is the live one, for the row). When the live loss failed after the
+    batch's first step, the steps before it were published: the batch is recorded as trained, then
+    `LossFailed` says where the loss failed."""
     try:
         episodes = pipeline.train_subset(batch.episodes, state.config.algorithm.dynamic_sampling)
     except EmptyTrainBatch as e:
@@ -129,6 +133,8 @@ def train(state: RunState, roles: Roles, batch: Rollout, loss_version: int) -> d
     state.step_count += 1  # this batch is step `step_count`: its train row, step row and log file
     state.metrics.emit("train", step=state.step_count, **result.as_dict())
     log_batch(state, batch, episodes, result.token_logprobs or [], staleness)
+    if result.error is not None:
+        raise LossFailed(result.error)
     return result.as_dict()
 
 

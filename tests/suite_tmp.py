@@ -1,12 +1,14 @@
 """The suite's temp folder: every process of a run (pytest's workers, kernels, mesh procs, vLLM, Chromium,
 Slurm's jobs) makes its temporary files under one folder of that run, a subfolder per pytest process
-(``TMPDIR``, inherited), which goes when the run ends. What the tests leave there is named at the end, and
-fails the run (conftest.py's `pytest_sessionfinish`).
+(``TMPDIR``, inherited), which goes when the run ends. What the tests leave there with data in it is named at
+the end and fails the run (conftest.py's `pytest_sessionfinish`); what holds no data (the sockets and empty
+folders of processes that were killed: Monarch's, vLLM's, a kernel's fork server when nbval kills its kernel's
+process group) is counted, not a failure.
 
 Why: left in the system's temp folder, such files piled up over runs (tutorial 05's 2.2 GB checkpoint each
 run, 64 GB on one machine in a day) until a CI run on that disk failed with "No space left on device".
 pytest's own `tmp_path` folders stay in the system's temp folder (pyproject keeps only failed tests' ones,
-for a look after the run), and so does torch's compile cache, a cache across runs.
+for a look after the run), and so do torch's compile caches, caches across runs.
 """
 
 from __future__ import annotations
@@ -26,6 +28,9 @@ RUNS = "runs"  # FORGE_NB_RUNS, the sessions' run directories: removed with the 
 #: (mesh/last_words.py, emptied by the session that reads it), the host workers' fork servers' sockets
 #: (mesh/workerforks.py, each removed with its server).
 PER_USER = (f"forge_nb-{getpass.getuser()}", f"forge_nb-last-words-{os.getuid()}", f"forge_nb-forks-{os.getuid()}")
+#: torch's compile cache: vLLM's CPU build puts its precompiled headers (156 MB) in <tmp>/torchinductor_<user>
+#: whatever TORCHINDUCTOR_CACHE_DIR says; each process's folder links it to the system's, kept across runs.
+INDUCTOR = f"torchinductor_{getpass.getuser()}"
 
 
 def set_up() -> Path:
@@ -34,19 +39,23 @@ def set_up() -> Path:
     if ENV not in os.environ:
         system = tempfile.gettempdir()
         os.environ.setdefault("PYTEST_DEBUG_TEMPROOT", system)  # where pytest puts tmp_path
-        os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(system, f"torchinductor_{getpass.getuser()}"))
+        os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(system, INDUCTOR))
         os.environ[ENV] = tempfile.mkdtemp(prefix="forge_nb-suite-")
-        atexit.register(shutil.rmtree, os.environ[ENV], ignore_errors=True)
-        os.environ.setdefault("FORGE_NB_RUNS", os.path.join(os.environ[ENV], RUNS))
+        atexit.register(shutil.rmtree, os.environ[ENV], ignore_errors=True)  # (the cache link, not the cache)
+    os.environ.setdefault("FORGE_NB_RUNS", os.path.join(os.environ[ENV], RUNS))
     own = Path(os.environ[ENV]) / os.environ.get("PYTEST_XDIST_WORKER", "main")
     own.mkdir(parents=True, exist_ok=True)
+    cache = Path(os.environ.get("TORCHINDUCTOR_CACHE_DIR") or Path(os.environ[ENV]).parent / INDUCTOR)
+    if not (own / INDUCTOR).is_symlink():
+        cache.mkdir(parents=True, exist_ok=True)
+        (own / INDUCTOR).symlink_to(cache)
     os.environ["TMPDIR"] = tempfile.tempdir = str(own)
     return own
 
 
-def leftovers(wait_s: float = 10.0) -> dict[str, int]:
+def leftovers(wait_s: float = 5.0) -> dict[str, int]:
     """What the run's processes left in its folder -> {path under the folder: bytes}. Waits up to `wait_s`
-    for what is going anyway (a fork server removes its own folder once its worker is gone)."""
+    for what holds data to go (a kernel's temporary folder goes as it exits)."""
     root = Path(os.environ[ENV])
     deadline = time.monotonic() + wait_s
     while True:
@@ -55,17 +64,23 @@ def leftovers(wait_s: float = 10.0) -> dict[str, int]:
             for sub in sorted(root.iterdir())
             if sub.is_dir() and sub.name != RUNS
             for entry in sorted(sub.iterdir())
-            if entry.name not in PER_USER
+            if entry.name not in (*PER_USER, INDUCTOR)
         }
-        if not found or time.monotonic() > deadline:
+        if not any(found.values()) or time.monotonic() > deadline:
             return found
         time.sleep(0.5)
 
 
 def describe(found: dict[str, int]) -> str:
-    """`leftovers()` as lines for the end of the run."""
-    lines = [f"  {name}  ({size / 1e6:.1f} MB)" for name, size in found.items()]
-    return "\n".join([f"the tests left these in the run's temp folder {os.environ[ENV]} (by worker):", *lines])
+    """`leftovers()` for the end of the run: what holds data, by name; the rest counted."""
+    out = []
+    if any(found.values()):
+        out.append(f"the tests left these in the run's temp folder {os.environ[ENV]} (by worker):")
+        out += [f"  {name}  ({size:,} bytes)" for name, size in found.items() if size]
+    empty = sum(1 for size in found.values() if not size)
+    if empty:
+        out.append(f"sockets or empty folders that killed processes left there: {empty} (no data: not a failure)")
+    return "\n".join(out)
 
 
 def _size(path: Path) -> int:

@@ -5,6 +5,7 @@ import math
 import pytest
 
 import forge_nb
+from forge_nb.actors.trainer import LossFailed
 from forge_nb.config import ConfigError
 from tests.conftest import child_processes, wait_no_children
 
@@ -90,6 +91,44 @@ def test_gspo_sapo_masked_truncated_completions_and_the_batch_std_in_a_session()
         assert math.isfinite(metrics["loss"]) and math.isfinite(metrics["clip_fraction"])
         rows = s.step(2)
         assert len(rows) == 2 and rows["loss"].map(math.isfinite).all()
+    finally:
+        s.down()
+    assert wait_no_children() == []
+
+
+def test_epochs_and_mini_batches_take_their_steps_and_a_loss_failing_midway_keeps_the_steps_before_it():
+    """2 epochs x 2 mini-batches: four optimizer steps, one published version a batch, served whole. A loss
+    that fails on the third step: the two before it are published as the batch's version, and the error
+    says so; the next batch trains as usual."""
+    s = forge_nb.up(prompts_per_step=4, group_size=4, threads_per_proc=1, epochs=2, mini_batches=2)
+    try:
+        r = s.rollout()
+        metrics = s.train(r)
+        assert metrics["updates"] == 4 and metrics["policy_version"] == 1
+        assert metrics["tokens"] == sum(e.num_tokens for e in r.episodes)  # each sample counted once
+        s.sync()
+        sums = s.checksums()
+        assert sums["generator"] == sums["trainer"] == (1, sums["trainer"][1])
+
+        calls = [0]
+
+        def third_fails(logprobs, old_logprobs, advantages, mask):
+            calls[0] += 1  # (the probe ran in the checker's proc: this counts the trainer's steps)
+            if calls[0] == 3:
+                raise ValueError("third")
+            return -((logprobs - old_logprobs).exp() * advantages[:, None] * mask).sum() / mask.sum()
+
+        s.set_loss(third_fails)
+        step_count = s.step_count
+        expected = r"failed on step 3 of the batch's 4 \(raised ValueError: third\); the 2 steps before it were taken"
+        with pytest.raises(LossFailed, match=expected + " and published as policy v2"):
+            s.train(s.rollout())
+        assert s.step_count == step_count + 1  # the batch is recorded as trained, with its 2 steps
+        assert s.metrics_stream.to_pandas("train").iloc[-1]["updates"] == 2
+        assert s.sync()["version"] == 2
+        sums = s.checksums()
+        assert sums["generator"] == sums["trainer"] == (2, sums["trainer"][1])
+        assert s.train(s.rollout())["updates"] == 4  # 4 more calls: the third was the last to fail
     finally:
         s.down()
     assert wait_no_children() == []

@@ -69,6 +69,15 @@ def test_generation_batch_size_over_num_generations_is_prompts_per_step():
     assert (a.prompts_per_step, a.group_size) == (4, 4)
 
 
+def test_num_iterations_and_steps_per_generation_are_epochs_and_mini_batches():
+    """TRL reuses a generation batch for steps_per_generation micro-steps, num_iterations times, an optimizer
+    step every gradient_accumulation_steps of them."""
+    values = {"num_iterations": 3, "steps_per_generation": 8, "gradient_accumulation_steps": 4}
+    a = Config.from_dict(values).algorithm
+    assert (a.epochs, a.mini_batches) == (3, 2)
+    assert Config.from_dict({"steps_per_generation": 2}).algorithm.mini_batches == 2  # no accumulation
+
+
 @pytest.mark.parametrize(
     ("values", "message"),
     [
@@ -85,6 +94,8 @@ def test_generation_batch_size_over_num_generations_is_prompts_per_step():
         ({"scale_rewards": "batch", "std_over": "group"}, "scale_rewards='batch' .* disagrees with std_over='group'"),
         ({"scale_rewards": "max"}, "scale_rewards='max': forge_nb divides advantages by their group's std"),
         ({"generation_batch_size": 10, "num_generations": 4}, "needs num_generations \\(a divisor of it\\)"),
+        ({"steps_per_generation": 6, "gradient_accumulation_steps": 4}, "not a multiple of gradient_accumulation"),
+        ({"num_iterations": 0}, "algorithm.epochs must be >= 1, got 0"),
     ],
 )  # fmt: skip
 def test_disagreements_and_what_forge_nb_lacks_are_one_clear_error(values, message):
@@ -108,8 +119,9 @@ def test_a_whole_grpo_config_maps_what_forge_nb_has_and_names_what_it_ignores():
     ours = [w for w in caught if issubclass(w.category, TRLConfigWarning)]
     assert len(ours) == 1, [str(w.message) for w in caught]
     message = str(ours[0].message)
-    assert "num_iterations=2" in message and "top_entropy_quantile=0.2" in message
+    assert "top_entropy_quantile=0.2" in message
     assert "mask_truncated" not in message and c.algorithm.mask_truncated  # mapped, not ignored
+    assert "num_iterations" not in message and c.algorithm.epochs == 2
     assert "output_dir" not in message and "learning_rate" not in message and "use_cpu" not in message
     a = c.algorithm
     assert (a.lr, a.group_size, c.engine.max_tokens, a.loss, a.normalize_std, a.kl_coef) == (

@@ -17,6 +17,7 @@ from forge_nb.live.validate import CheckFailed, check_loss_value
 from forge_nb.parallel.device import resolve_device
 from forge_nb.parallel.gang import Gang, GangError, collectives
 from forge_nb.parallel.policy import Policy, PolicySpec
+from forge_nb.rl import updates
 from forge_nb.rl.batch import TrainBatch
 from forge_nb.rl.train_step import NonFiniteGradient
 from forge_nb.weights.group import GroupSender, GroupSpec, group_spec
@@ -28,7 +29,11 @@ STATE_FILE = "trainer_state.pt"
 
 
 class LossFailed(RuntimeError):
-    """The live loss failed on a training batch; no optimizer step was taken."""
+    """The live loss failed on a training batch's first step; no optimizer step was taken."""
+
+
+class LossRaised(RuntimeError):
+    """The live loss raised on a step (its message: what it raised)."""
 
 
 @dataclass(frozen=True)
@@ -94,9 +99,12 @@ class TrainResult:
     # "trainer_logprobs", beside the generator's); rows the step left out keep their behaviour logprobs.
     # None when the batch did not ask for them (`TrainBatch.keep_logprobs`: no rollout log).
     token_logprobs: list[list[float]] | None = None
+    # The live loss failed on a step after the batch's first: where, and what it raised (the steps before it
+    # were taken and published). `step.train` raises it once the batch is recorded.
+    error: str | None = None
 
     def as_dict(self) -> dict[str, float]:
-        skip = ("metrics", "token_logprobs")
+        skip = ("metrics", "token_logprobs", "error")
         return {**self.metrics, **{k: v for k, v in self.__dict__.items() if k not in skip}}
 
 
@@ -158,34 +166,49 @@ class Trainer(ForgeActor):
 
     @endpoint
     def train_step(self, batch: TrainBatch) -> TrainResult:
-        """One optimizer step on a batch of B sequences (every rank gets the whole batch and runs its
-        part), then publish the new weights. The policy version goes up by one; the published snapshot
-        holds it when this returns. If the live loss fails, `LossFailed` is raised and neither weights
-        nor versions change; if a collective fails (a rank died or hangs), `GangError`."""
+        """The batch's optimizer steps (`algorithm.epochs` passes over B sequences, `algorithm.mini_batches`
+        steps each: `rl.updates`; one by default; every rank gets the whole batch and runs its part), then
+        publish the new weights. The policy version goes up by one a batch; the published snapshot holds it
+        when this returns. If the live loss fails on the first step, `LossFailed` is raised and neither
+        weights nor versions change; on a later one, the steps before it are published and the result says
+        where the loss failed (`TrainResult.error`). If a collective fails (a rank died or hangs), `GangError`."""
         start = time.perf_counter()
+        a = self.algorithm
         try:
-            with collectives(self.gang.rank):
-                a = self.algorithm
-                metrics, logprobs = self.policy.update(
-                    batch,
-                    self.loss_fn,
-                    a.max_grad_norm,
-                    check_loss_value,
-                    self.loss_inert,
-                    a.metric_clip,
-                    a.ratio_level,
-                )
+            steps = updates.run(
+                batch, a.epochs, a.mini_batches, self._step, (CheckFailed, NonFiniteGradient, LossRaised)
+            )
         except (CheckFailed, NonFiniteGradient) as e:
             raise LossFailed(f"loss v{self.loss_version} {e}; no optimizer step was taken") from None
-        except GangError:
-            raise
-        except Exception as e:
-            raise LossFailed(f"loss v{self.loss_version} raised {type(e).__name__}: {e}; no step was taken") from None
+        except LossRaised as e:
+            raise LossFailed(f"loss v{self.loss_version} {e}; no step was taken") from None
         stepped = time.perf_counter()
         self._publish(self.version + 1)
         end = time.perf_counter()
-        logprobs = logprobs if self.gang.leader else None  # rank 0 answers for the gang: one copy travels
-        return TrainResult(self.version, self.loss_version, metrics, end - start, end - stepped, logprobs)
+        logprobs = steps.logprobs if self.gang.leader else None  # rank 0 answers for the gang: one copy travels
+        error = None
+        if steps.error is not None:
+            taken = len(steps.metrics)
+            error = (
+                f"loss v{self.loss_version} failed on step {taken + 1} of the batch's {a.epochs * len(steps.rows)} "
+                f"({steps.error}); the {taken} steps before it were taken and published as policy v{self.version}"
+            )
+        return TrainResult(
+            self.version, self.loss_version, steps.combined(), end - start, end - stepped, logprobs, error
+        )
+
+    def _step(self, part: TrainBatch) -> tuple[dict[str, float], list[list[float]] | None]:
+        """One optimizer step on `part` (`Policy.update`); what the loss itself raised as `LossRaised`."""
+        a = self.algorithm
+        try:
+            with collectives(self.gang.rank):
+                return self.policy.update(
+                    part, self.loss_fn, a.max_grad_norm, check_loss_value, self.loss_inert, a.metric_clip, a.ratio_level
+                )
+        except (CheckFailed, NonFiniteGradient, GangError):
+            raise
+        except Exception as e:  # the loss's own error (a collective's is GangError)
+            raise LossRaised(f"raised {type(e).__name__}: {e}") from None
 
     def _publish(self, version: int) -> None:
         """This rank's shards of the new weights into its snapshot (no collective)."""

@@ -169,6 +169,9 @@ class AlgorithmConfig:
     dynamic_sampling: bool = False  # DAPO: leave groups whose rewards are all equal out of the train batch
     overlong_cache: int = 0  # DAPO soft overlong penalty over the last this-many tokens of engine.max_tokens (0: off)
     max_grad_norm: float = 1.0
+    # Optimizer steps per batch: `epochs` passes over it, each a step per mini-batch of its groups (rl/updates.py).
+    epochs: int = 1  # PPO epochs: TRL's num_iterations (mu), verl's ppo_epochs
+    mini_batches: int = 1  # steps per pass: TRL's steps_per_generation / gradient_accumulation_steps
     kl_coef: float = (
         0.0  # beta of the k3 KL to the initial policy; > 0 starts a frozen reference model (LoRA: the base)
     )
@@ -219,6 +222,8 @@ class AlgorithmConfig:
         _above_zero("algorithm.sapo_tau_pos", self.sapo_tau_pos)
         _above_zero("algorithm.sapo_tau_neg", self.sapo_tau_neg)
         _at_least("algorithm.overlong_cache", self.overlong_cache, 0)
+        _at_least("algorithm.epochs", self.epochs, 1)
+        _at_least("algorithm.mini_batches", self.mini_batches, 1)
         _at_least("algorithm.kl_coef", self.kl_coef, 0.0)
         if not isinstance(self.reward_weights, list) or not all(
             isinstance(w, int | float) and not isinstance(w, bool) for w in self.reward_weights

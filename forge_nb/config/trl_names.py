@@ -37,6 +37,8 @@ ALIASES = {
     "sapo_temperature_neg": "algorithm.sapo_tau_neg",
     "mask_truncated_completions": "algorithm.mask_truncated",
     "use_bias_correction_kl": "algorithm.kl_unbiased",
+    "num_iterations": "algorithm.epochs",
+    "steps_per_generation": "algorithm.mini_batches",
 }
 #: TRL's loss_type -> forge_nb fields with the same per-token normalisation (one process, no accumulation).
 LOSS_TYPES = {
@@ -112,6 +114,14 @@ def _convert(alias: str, value: Any, values: dict[str, Any]) -> dict[str, Any]:
     if alias == "epsilon_high":
         value = values.get("epsilon", TRL_EPSILON) if value is None else value  # TRL: None is epsilon
         return {"algorithm.rho_max" if _loss(values) == "cispo" else ALIASES[alias]: value}
+    if alias == "steps_per_generation" and value is not None:
+        accumulation = values.get("gradient_accumulation_steps") or 1
+        if value % accumulation:
+            raise ConfigError(
+                f"steps_per_generation={value} is not a multiple of gradient_accumulation_steps={accumulation}: "
+                "forge_nb's algorithm.mini_batches (optimizer steps per pass over a batch) is their ratio"
+            )
+        return {ALIASES[alias]: value // accumulation}
     if alias == "reward_weights":
         return {} if value is None else {ALIASES[alias]: [float(w) for w in value]}
     if alias == "generation_batch_size":

@@ -60,9 +60,6 @@ def _output_to(path: Path) -> Iterator[None]:
             for fd, copy in saved.items():
                 os.dup2(copy, fd)
                 os.close(copy)
-    # Started: the log has served (kept, one per generator proc piled up in the temp folder). With TP > 1 the
-    # ranks' workers still write to it, unseen from now on; a rank that dies is named by `lost`, not its output.
-    path.unlink(missing_ok=True)
 
 
 def _flush() -> None:
@@ -116,7 +113,11 @@ class VllmEngine:
         log = Path(tempfile.gettempdir()) / f"forge_nb_vllm_{os.getpid()}.log"
         options = (max_model_len, seed, kv_cache_mb, gpu_memory_utilization, warm_up, max_lora_rank)
         with _output_to(log):
-            return cls._start(model_dir, dtype, *options, tensor_parallel_size)
+            engine = cls._start(model_dir, dtype, *options, tensor_parallel_size)
+        # Started: the log has served (kept, one per generator proc piled up in the temp folder). With TP > 1 the
+        # ranks' workers still write to it, unseen from now on; a rank that dies is named by `lost`, not its output.
+        log.unlink(missing_ok=True)
+        return engine
 
     @classmethod
     def _start(

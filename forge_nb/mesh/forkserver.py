@@ -382,10 +382,8 @@ def _lifeline(conn: socket.socket) -> None:
 
 
 def main() -> None:
-    """``python -m forge_nb.mesh.forkserver PATH``: a kernel's server (`ForkServer`). Its socket's folder
-    goes with it, also when its kernel was killed and no `ForkServer.stop` ran (a test worker's end)."""
-    path = sys.argv[1]
-    run_server(lambda: serve(path, retire=lambda: shutil.rmtree(os.path.dirname(path), ignore_errors=True)))
+    """``python -m forge_nb.mesh.forkserver PATH``: a kernel's server (`ForkServer`), which removes PATH's folder."""
+    run_server(lambda: serve(sys.argv[1], retire=lambda: shutil.rmtree(Path(sys.argv[1]).parent, ignore_errors=True)))
 
 
 def run_server(start: Callable[[], Callable[[], None] | None]) -> None:

@@ -294,9 +294,9 @@ class Roles(Supervised):
     def train_step(
         self, episodes: list[Episode], keep_logprobs: bool = True, mask_truncated: bool = False
     ) -> TrainResult:
-        """One optimizer step on `episodes` (with their reference logprobs when a reference runs:
-        rollouts carry them; those made before it existed get them here); `keep_logprobs`: the answer
-        carries the trainer's per-token logprobs; `mask_truncated`: see `TrainBatch.of`."""
+        """The trainer's steps on `episodes` (`Trainer.train_step`), with their reference logprobs when a
+        reference runs (rollouts carry them; those made before it existed get them here); `keep_logprobs`: the
+        answer carries the trainer's per-token logprobs; `mask_truncated`: see `TrainBatch.of`."""
         if self.has_reference:
             missing = [e for e in episodes if e.ref_logprobs is None]
             self.attach_reference(missing, self.reference_logprobs(missing))

@@ -6,8 +6,9 @@ code) and, once the policy has trained, ``checkpoint/`` (its weights; ``config.y
 It writes ``metrics.csv`` (one row per step: `forge_nb.step.StepRow`) and ``result.json`` beside them.
 
 Each step is the notebook's step, `forge_nb.step.sync_step` (read it top to bottom): G samples for
-each of P prompts, scored by the live reward, one optimizer step with the live loss on the
-group-relative advantages, and the generator refreshed with the new weights.
+each of P prompts, scored by the live reward, an optimizer step (or `algorithm.epochs` x
+`algorithm.mini_batches`) with the live loss on the group-relative advantages, and the generator refreshed
+with the new weights.
 """
 
 from __future__ import annotations
