@@ -29,9 +29,12 @@ LOSSES = {
     "gspo": {"loss": "grpo", "ratio_level": "sequence", "clip_eps": 3e-4, "clip_high": 4e-4},  # the paper's clips
     "cispo": {"loss": "cispo", "rho_max": 5.0},  # ScaleRL's epsilon_max
     "sapo": {"loss": "sapo"},
-    # Several optimizer steps a batch (rl/updates.py): grpo twice over each batch, and in 4 mini-batches of 8 groups.
+    # Several optimizer steps a batch (rl/updates.py): grpo twice over each batch, and in 4 mini-batches of 8 groups;
+    # then the same with the learning rate (5e-4) divided by the steps, as AdamW moves each step by about lr.
     "grpo-e2": {"loss": "grpo", "epochs": 2},
     "grpo-m4": {"loss": "grpo", "mini_batches": 4},
+    "e2-lr/2": {"loss": "grpo", "epochs": 2, "lr": 2.5e-4},
+    "m4-lr/4": {"loss": "grpo", "mini_batches": 4, "lr": 1.25e-4},
 }
 
 

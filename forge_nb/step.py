@@ -128,7 +128,7 @@ def train(state: RunState, roles: Roles, batch: Rollout, loss_version: int) -> d
         for e in episodes:
             e.loss_version = result.loss_version
     else:
-        stats = {"loss": 0.0, "grad_norm": 0.0, "tokens": 0, "skipped": True}
+        stats = {"loss": 0.0, "grad_norm": 0.0, "tokens": 0, "updates": 0, "skipped": True}
         result = TrainResult(state.versions.trained, loss_version, stats, 0.0, 0.0)
     state.step_count += 1  # this batch is step `step_count`: its train row, step row and log file
     state.metrics.emit("train", step=state.step_count, **result.as_dict())

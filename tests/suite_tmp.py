@@ -16,6 +16,7 @@ from __future__ import annotations
 import atexit
 import getpass
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -31,6 +32,9 @@ PER_USER = (f"forge_nb-{getpass.getuser()}", f"forge_nb-last-words-{os.getuid()}
 #: torch's compile cache: vLLM's CPU build puts its precompiled headers (156 MB) in <tmp>/torchinductor_<user>
 #: whatever TORCHINDUCTOR_CACHE_DIR says; each process's folder links it to the system's, kept across runs.
 INDUCTOR = f"torchinductor_{getpass.getuser()}"
+#: vLLM's rendezvous file of a tensor-parallel engine (``vllm_dist_<uuid>``, a few kB): an engine whose rank is
+#: killed leaves it (tests/engines/test_vllm_tp.py kills one on purpose); it goes with the run's folder.
+VLLM_RENDEZVOUS = re.compile(r"vllm_dist_[0-9a-f]{32}")
 
 
 def set_up() -> Path:
@@ -64,7 +68,7 @@ def leftovers(wait_s: float = 5.0) -> dict[str, int]:
             for sub in sorted(root.iterdir())
             if sub.is_dir() and sub.name != RUNS
             for entry in sorted(sub.iterdir())
-            if entry.name not in (*PER_USER, INDUCTOR)
+            if entry.name not in (*PER_USER, INDUCTOR) and not VLLM_RENDEZVOUS.fullmatch(entry.name)
         }
         if not any(found.values()) or time.monotonic() > deadline:
             return found
