@@ -2,8 +2,7 @@
 Slurm's jobs) makes its temporary files under one folder of that run, a subfolder per pytest process
 (``TMPDIR``, inherited), which goes when the run ends. What the tests leave there with data in it is named at
 the end and fails the run (conftest.py's `pytest_sessionfinish`); what holds no data (the sockets and empty
-folders of processes that were killed: Monarch's, vLLM's, a kernel's fork server when nbval kills its kernel's
-process group) is counted, not a failure.
+folders of processes that were killed: Monarch's, vLLM's, a kernel's fork server) is counted, not a failure.
 
 Why: left in the system's temp folder, such files piled up over runs (tutorial 05's 2.2 GB checkpoint each
 run, 64 GB on one machine in a day) until a CI run on that disk failed with "No space left on device".

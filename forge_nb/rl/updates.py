@@ -115,10 +115,10 @@ def combine(steps: Sequence[dict[str, Any]], rows: Sequence[int]) -> dict[str, A
         return {**steps[0], "updates": 1}
     first, rows = steps[: len(rows)], rows[: len(steps)]
     out: dict[str, Any] = {}
-    for name in steps[0]:
+    for name in dict.fromkeys(k for s in steps for k in s):  # (a step that ran no forward has no kl_ref)
         values = [s[name] for s in steps if name in s and not math.isnan(s[name])]
         if name in PER_BATCH:
-            out[name] = sum(s[name] for s in first)
+            out[name] = sum(s.get(name, 0) for s in first)
         elif name == "response_length":
             out[name] = sum(s[name] * n for s, n in zip(first, rows)) / sum(rows)
         elif name in LARGEST:

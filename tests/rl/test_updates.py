@@ -93,6 +93,8 @@ def test_one_step_keeps_its_metrics_and_several_combine_as_the_batch():
     assert out["entropy"] == 1.5  # the steps that measured it
     assert out["micro_batches"] == 2 and out["max_abs_logprob_diff"] == 0.3 and out["response_length_max"] == 6
     assert math.isnan(updates.combine([{"entropy": float("nan")}] * 2, [1, 1])["entropy"])
+    skipped, ran = {"loss": 0.0, "entropy": float("nan")}, {"loss": 1.0, "entropy": 2.0, "kl_ref": 0.5}
+    assert updates.combine([skipped, ran], [1, 1]) == {"loss": 0.5, "entropy": 2.0, "kl_ref": 0.5, "updates": 2}
 
 
 def test_two_epochs_of_two_mini_batches_are_four_policy_updates_in_that_order():
