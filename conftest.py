@@ -183,7 +183,8 @@ def pytest_sessionfinish(session, exitstatus):
     if not found:
         return
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
-    reporter.write_sep("=", "files left behind", red=any(found.values()))
-    reporter.write_line(suite_tmp.describe(found))
+    if reporter is not None:  # (none with -p no:terminal)
+        reporter.write_sep("=", "files left behind", red=any(found.values()))
+        reporter.write_line(suite_tmp.describe(found))
     if any(found.values()) and session.exitstatus == pytest.ExitCode.OK:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED

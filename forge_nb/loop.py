@@ -26,6 +26,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from forge_nb.actors.trainer import LossFailedAfterSteps
 from forge_nb.rl.rollout import Rollout
 from forge_nb.state import RunState
 from forge_nb.step import StepRow
@@ -213,7 +214,10 @@ class AsyncRun(RunControl):
                 )
                 d.on_dropped(rollout, staleness)
                 continue
-            train = d.train(rollout)
+            try:
+                train, failed = d.train(rollout), None
+            except LossFailedAfterSteps as e:  # trained in part: account for it, then stop the run
+                train, failed = e.metrics, e
             self.staleness[staleness] += 1
             self.trained += len(rollout.episodes)
             self.trained_sample_ids += [e.sample_id for e in rollout.episodes]
@@ -225,6 +229,8 @@ class AsyncRun(RunControl):
             d.state.metrics.emit("step", **row.as_dict())
             d.after_step(row, rollout, train)  # a checkpoint holds both sides: waits for the rollout in flight
             last = now
+            if failed is not None:
+                raise failed
         self._stop.set()
 
     def wait(self, timeout: float | None = None) -> None:

@@ -188,7 +188,8 @@ class Session(ExternalAgentsMixin):
         """The trainer's steps on `rollout` (one, or `algorithm.epochs` x `algorithm.mini_batches`) -> metrics
         (loss, grad_norm, updates, policy_version, train_seconds, ...). Counts one trained batch (`step_count`)."""
         with self.training_lock:
-            return step.train(self.state, self._require_up(), rollout, self.live_code.live("loss").version)
+            trained = step.train(self.state, self._require_up(), rollout, self.live_code.live("loss").version)
+        return step.raise_loss_error(trained)
 
     def sync(self) -> dict[str, Any]:
         """Refresh the generator with the trainer's latest published version -> report: version,
@@ -197,17 +198,17 @@ class Session(ExternalAgentsMixin):
             return step.sync(self.state, self._require_up())
 
     def sync_step(self) -> StepRow:
-        """rollout -> train -> sync holding both sides (no swap or call lands mid-step), then the step
-        boundary (`after_step`)."""
+        """rollout -> train -> sync holding both sides (no swap or call lands mid-step), then the step boundary."""
         with self.whole_step():
             loss_version = self.live_code.live("loss").version
             row, batch, trained = step.sync_step(self.state, self._require_up(), loss_version)
             self.after_step(row, batch, trained)
+        step.raise_loss_error(trained)
         return row
 
     def step(self, n: int = 1, progress: bool = True) -> pd.DataFrame:
-        """n x (rollout, train, sync) -> one row per step (reward, accuracy, tokens/s, phase times, GB/s).
-        A progress bar shows from 5 steps on, unless `progress=False`."""
+        """n x (rollout, train, sync) -> a row per step (reward, accuracy, tokens/s, phase times, GB/s); a progress
+        bar from 5 steps on, unless `progress=False`."""
         bar = tqdm(range(n), desc="forge_nb step", disable=n < 5 or not progress, leave=False)
         rows, self._watch_fired = [], False
         for _ in bar:
@@ -374,15 +375,14 @@ class Session(ExternalAgentsMixin):
         self.watcher = None
 
     def checksums(self) -> dict[str, tuple[int, str]]:
-        """(version, weights checksum) of the trainer and the generator: equal after a sync with the
-        torch engine; vLLM serves its own fused layout (equal across replicas, not the trainer's)."""
+        """(version, weights checksum) of trainer and generator: equal after a torch engine's sync (vLLM: its own)."""
         return self._require_up().checksums()
 
     # -- checkpoints and export ----------------------------------------------------------------------------
     def save(self, path: str | Path) -> Path:
-        """Write a checkpoint of this session at `path` (between batches) -> its folder: weights,
-        optimizer and RNG, counters and versions, the task stream's position, the buffer, every
-        reward and loss version, the metrics (`forge_nb.checkpoints`). `forge_nb.resume(path)` goes on from it."""
+        """Write a checkpoint of this session at `path` (between batches) -> its folder: weights, optimizer and RNG,
+        counters and versions, the task stream's position, the buffer, every reward and loss version, the metrics
+        (`forge_nb.checkpoints`). `forge_nb.resume(path)` goes on from it."""
         with self.whole_step():
             actors = self._require_up()
             return self.checkpoints.save(path, self.state, actors, self.live_code.registry, self.tokenizer)

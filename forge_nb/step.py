@@ -20,7 +20,7 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from forge_nb.actors.trainer import LossFailed, TrainResult
+from forge_nb.actors.trainer import LossFailedAfterSteps, TrainResult
 from forge_nb.agents.episodes import episodes_of, own_reward, row_of, share_with_segments, trajectory_ends
 from forge_nb.engines.base import SamplingParams
 from forge_nb.mesh.roles import Roles
@@ -115,8 +115,8 @@ def train(state: RunState, roles: Roles, batch: Rollout, loss_version: int) -> d
     `algorithm.mini_batches`) -> metrics (loss, grad_norm, updates, policy_version, train_seconds, ...).
     Counts one trained batch (`state.step_count`), also when dynamic sampling left nothing to train on (no
     step is taken then; `loss_version` is the live one, for the row). When the live loss failed after the
-    batch's first step, the steps before it were published: the batch is recorded as trained, then
-    `LossFailed` says where the loss failed."""
+    batch's first step, the steps before it were published: the batch is recorded as trained and the metrics
+    carry ``loss_error``, which the step boundary raises (`raise_loss_error`), after the sync and the row."""
     try:
         episodes = pipeline.train_subset(batch.episodes, state.config.algorithm.dynamic_sampling)
     except EmptyTrainBatch as e:
@@ -133,9 +133,15 @@ def train(state: RunState, roles: Roles, batch: Rollout, loss_version: int) -> d
     state.step_count += 1  # this batch is step `step_count`: its train row, step row and log file
     state.metrics.emit("train", step=state.step_count, **result.as_dict())
     log_batch(state, batch, episodes, result.token_logprobs or [], staleness)
-    if result.error is not None:
-        raise LossFailed(result.error)
-    return result.as_dict()
+    return result.as_dict() | ({"loss_error": result.error} if result.error is not None else {})
+
+
+def raise_loss_error(trained: dict[str, Any]) -> dict[str, Any]:
+    """At the step boundary (synced, its row written, `after_step` done): `LossFailedAfterSteps` if the live loss
+    failed after the batch's first step (`train`) -> else `trained`."""
+    if trained.get("loss_error"):
+        raise LossFailedAfterSteps(trained["loss_error"], trained)
+    return trained
 
 
 def sync(state: RunState, roles: Roles) -> dict[str, Any]:

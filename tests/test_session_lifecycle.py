@@ -98,8 +98,9 @@ def test_gspo_sapo_masked_truncated_completions_and_the_batch_std_in_a_session()
 
 def test_epochs_and_mini_batches_take_their_steps_and_a_loss_failing_midway_keeps_the_steps_before_it():
     """2 epochs x 2 mini-batches: four optimizer steps, one published version a batch, served whole. A loss
-    that fails on the third step: the two before it are published as the batch's version, and the error
-    says so; the next batch trains as usual."""
+    that fails on the third step: the two before it are published as the batch's version, its step finishes
+    (synced, its row written), then the error says so; the next batch trains as usual. In an async run the
+    batch is counted as trained before the run stops."""
     s = forge_nb.up(prompts_per_step=4, group_size=4, threads_per_proc=1, epochs=2, mini_batches=2)
     try:
         r = s.rollout()
@@ -119,16 +120,29 @@ def test_epochs_and_mini_batches_take_their_steps_and_a_loss_failing_midway_keep
             return -((logprobs - old_logprobs).exp() * advantages[:, None] * mask).sum() / mask.sum()
 
         s.set_loss(third_fails)
-        step_count = s.step_count
         expected = r"failed on step 3 of the batch's 4 \(raised ValueError: third\); the 2 steps before it were taken"
         with pytest.raises(LossFailed, match=expected + " and published as policy v2"):
-            s.train(s.rollout())
-        assert s.step_count == step_count + 1  # the batch is recorded as trained, with its 2 steps
+            s.step(1)
+        assert s.step_count == 2  # the batch is recorded as trained, with its 2 steps, and its step finished:
         assert s.metrics_stream.to_pandas("train").iloc[-1]["updates"] == 2
-        assert s.sync()["version"] == 2
+        row = s.metrics_stream.to_pandas("step").iloc[-1]
+        assert row["step"] == 2 and row["generator_version"] == 2  # synced, its row written
         sums = s.checksums()
         assert sums["generator"] == sums["trainer"] == (2, sums["trainer"][1])
         assert s.train(s.rollout())["updates"] == 4  # 4 more calls: the third was the last to fail
+
+        def second_fails(logprobs, old_logprobs, advantages, mask):
+            calls[0] += 1
+            if calls[0] % 4 == 2:
+                raise ValueError("second")
+            return -((logprobs - old_logprobs).exp() * advantages[:, None] * mask).sum() / mask.sum()
+
+        s.set_loss(second_fails)  # (its own copy of calls, from the kernel's: 0)
+        run = s.run(steps=3, mode="async", max_staleness=1)
+        run.wait(300)
+        assert run.state == "failed" and "failed on step 2 of the batch's 4" in run.error
+        unconsumed = sum(len(r.episodes) for r in run.unconsumed)
+        assert run.trained == 16 and run.produced == run.trained + run.dropped + unconsumed  # the batch counted
     finally:
         s.down()
     assert wait_no_children() == []

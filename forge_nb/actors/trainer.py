@@ -29,7 +29,16 @@ STATE_FILE = "trainer_state.pt"
 
 
 class LossFailed(RuntimeError):
-    """The live loss failed on a training batch's first step; no optimizer step was taken."""
+    """The live loss failed on a training batch (on its first step: no optimizer step was taken)."""
+
+
+class LossFailedAfterSteps(LossFailed):
+    """The live loss failed on a step after the batch's first: the steps before it were taken and published.
+    `metrics`: the batch's train metrics (`step.train`), for whoever finishes its step boundary first."""
+
+    def __init__(self, message: str, metrics: dict) -> None:
+        super().__init__(message)
+        self.metrics = metrics
 
 
 class LossRaised(RuntimeError):
@@ -95,8 +104,9 @@ class TrainResult:
     metrics: dict[str, float]
     train_seconds: float
     publish_seconds: float
-    # Per sequence, the policy's logprob of each completion token before the step (the rollout log's
-    # "trainer_logprobs", beside the generator's); rows the step left out keep their behaviour logprobs.
+    # Per sequence, the policy's logprob of each completion token before its step (the rollout log's
+    # "trainer_logprobs", beside the generator's; with mini-batches, mini-batch k's after the k - 1 steps before
+    # it); rows the step left out keep their behaviour logprobs.
     # None when the batch did not ask for them (`TrainBatch.keep_logprobs`: no rollout log).
     token_logprobs: list[list[float]] | None = None
     # The live loss failed on a step after the batch's first: where, and what it raised (the steps before it
@@ -182,7 +192,7 @@ class Trainer(ForgeActor):
             raise LossFailed(f"loss v{self.loss_version} {e}; no optimizer step was taken") from None
         except LossRaised as e:
             raise LossFailed(f"loss v{self.loss_version} {e}; no step was taken") from None
-        stepped = time.perf_counter()
+        metrics, stepped = steps.combined(), time.perf_counter()
         self._publish(self.version + 1)
         end = time.perf_counter()
         logprobs = steps.logprobs if self.gang.leader else None  # rank 0 answers for the gang: one copy travels
@@ -193,9 +203,7 @@ class Trainer(ForgeActor):
                 f"loss v{self.loss_version} failed on step {taken + 1} of the batch's {a.epochs * len(steps.rows)} "
                 f"({steps.error}); the {taken} steps before it were taken and published as policy v{self.version}"
             )
-        return TrainResult(
-            self.version, self.loss_version, steps.combined(), end - start, end - stepped, logprobs, error
-        )
+        return TrainResult(self.version, self.loss_version, metrics, end - start, end - stepped, logprobs, error)
 
     def _step(self, part: TrainBatch) -> tuple[dict[str, float], list[list[float]] | None]:
         """One optimizer step on `part` (`Policy.update`); what the loss itself raised as `LossRaised`."""

@@ -2,11 +2,13 @@
 and mini-batches: TRL's ``num_iterations`` and ``steps_per_generation``, verl's ``ppo_epochs`` and
 ``ppo_mini_batch_size``).
 
-A mini-batch is a run of whole groups, in the batch's order: the advantages were computed over the whole
-batch before (so a split changes none), and a group's samples share their prompt's pass through the model
+A mini-batch is a run of rows with the same prompt (a group's samples, single-turn; an agent's segments have
+prompts of their own), in the batch's order, unshuffled: the advantages were computed over the whole batch
+before (so a split changes none), and rows with one prompt share its pass through the model
 (`rl.prefix_batch`). Every pass uses the same split; every step's ratio is to the behaviour policy, the
-generator's logprobs, as PPO's is to the policy that sampled. The loss normalises over its own mini-batch
-(TRL and verl do the same per optimizer step).
+generator's logprobs, as PPO's is to the policy that sampled. The loss normalises over its own mini-batch, as
+verl's per-mini-batch loss does (TRL shuffles the rows before it splits them, and its token-level losses divide
+by the whole generation batch's tokens).
 
 Each step is whole or not at all (`rl.train_step.policy_update`). If the live loss fails on a step after
 the first, the steps before it stay: they were whole steps, on finite gradients, of the loss that was live
@@ -26,14 +28,14 @@ Update = Callable[[TrainBatch], tuple[dict[str, float], list[list[float]] | None
 
 
 def groups(batch: TrainBatch) -> list[range]:
-    """The batch's groups: runs of consecutive rows with the same prompt -> their row ranges, in order."""
+    """Runs of consecutive rows with the same prompt (a group of single-turn samples) -> their row ranges."""
     starts = [i for i in range(len(batch)) if i == 0 or batch.prompt_ids[i] != batch.prompt_ids[i - 1]]
     return [range(a, b) for a, b in zip(starts, [*starts[1:], len(batch)])]
 
 
 def split(batch: TrainBatch, parts: int) -> list[TrainBatch]:
-    """`batch` as `parts` mini-batches of whole groups, as even in groups as they divide (fewer when the batch
-    has fewer groups), in order."""
+    """`batch` as `parts` mini-batches of whole runs (`groups`), as even in runs as they divide (fewer when the
+    batch has fewer runs), in order."""
     found = groups(batch)
     parts = min(parts, len(found))
     if parts <= 1:
@@ -122,7 +124,7 @@ def combine(steps: Sequence[dict[str, Any]], rows: Sequence[int]) -> dict[str, A
         elif name == "response_length":
             out[name] = sum(s[name] * n for s, n in zip(first, rows)) / sum(rows)
         elif name in LARGEST:
-            out[name] = max(values)
+            out[name] = max(values) if values else math.nan
         else:
             out[name] = sum(values) / len(values) if values else math.nan
     return {**out, "updates": len(steps)}
