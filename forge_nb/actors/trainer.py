@@ -110,7 +110,7 @@ class TrainResult:
     # None when the batch did not ask for them (`TrainBatch.keep_logprobs`: no rollout log).
     token_logprobs: list[list[float]] | None = None
     # The live loss failed on a step after the batch's first: where, and what it raised (the steps before it
-    # were taken and published). `step.train` raises it once the batch is recorded.
+    # were taken and published). The step boundary raises it (`step.raise_loss_error`), once the step finished.
     error: str | None = None
 
     def as_dict(self) -> dict[str, float]:

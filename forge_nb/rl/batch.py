@@ -7,7 +7,7 @@ Shapes: B sequences, L = longest prompt+completion; per-token tensors are [B, L-
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import nn
@@ -95,6 +95,12 @@ class TrainBatch:
 
     def __len__(self) -> int:
         return len(self.prompt_ids)
+
+    def rows(self, start: int, stop: int) -> TrainBatch:
+        """The sequences `start`..`stop` - 1 (every per-row list cut the same way, as `TokenBatch.select` cuts
+        its tensors)."""
+        cut = {k: v[start:stop] for k, v in self.__dict__.items() if isinstance(v, list)}
+        return replace(self, **cut)
 
     def collate(self, pad_id: int, full_sequences: bool = False) -> PrefixBatch | TokenBatch:
         """Tensors for the trainer: each distinct prompt once (`rl.prefix_batch`), or with

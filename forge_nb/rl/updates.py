@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from forge_nb.rl.batch import TrainBatch
@@ -45,17 +45,8 @@ def split(batch: TrainBatch, parts: int) -> list[TrainBatch]:
     for k in range(parts):
         taken = found[first : first + size + (k < extra)]
         first += len(taken)
-        out.append(rows_of(batch, range(taken[0].start, taken[-1].stop)))
+        out.append(batch.rows(taken[0].start, taken[-1].stop))
     return out
-
-
-def rows_of(batch: TrainBatch, rows: range) -> TrainBatch:
-    """The rows `rows` of `batch` (every per-row list cut the same way)."""
-    cut = {k: getattr(batch, k)[rows.start : rows.stop] for k in PER_ROW if getattr(batch, k) is not None}
-    return replace(batch, **cut)
-
-
-PER_ROW = ("prompt_ids", "completion_ids", "logprobs", "advantages", "ref_logprobs", "policy_masks", "loss_rows")
 
 
 @dataclass
@@ -84,20 +75,17 @@ def run(
     steps: list[dict[str, float]] = []
     logprobs: list[list[float]] = []
     error = None
-    for _ in range(epochs):
-        for part in parts:
-            try:
-                metrics, part_logprobs = update(part)
-            except failed as e:
-                if not steps:
-                    raise
-                error = e
-                break
-            steps.append(metrics)
-            if len(steps) <= len(parts) and part_logprobs is not None:  # the first pass
-                logprobs += part_logprobs
-        if error is not None:
+    for i, part in enumerate(parts * epochs):
+        try:
+            metrics, part_logprobs = update(part)
+        except failed as e:
+            if not steps:
+                raise
+            error = e
             break
+        steps.append(metrics)
+        if i < len(parts) and part_logprobs is not None:  # the first pass
+            logprobs += part_logprobs
     kept = logprobs + [list(row) for row in batch.logprobs[len(logprobs) :]] if batch.keep_logprobs else None
     return Steps(steps, [len(p) for p in parts], kept, error)
 
