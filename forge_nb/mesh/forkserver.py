@@ -35,6 +35,7 @@ first proc on a socket that proc bound (``--fd``); it exits when the worker does
 from __future__ import annotations
 
 import atexit
+import contextlib
 import gc
 import json
 import os
@@ -214,10 +215,8 @@ def serve(
     else:
         listener = socket.socket(fileno=fd)
     for name in PRELOAD:
-        try:
+        with contextlib.suppress(Exception):  # a missing optional piece: the proc imports what it needs itself
             __import__(name)
-        except Exception:  # a missing optional piece: the proc imports what it needs itself
-            pass
     # Out of every collection from now on, in the children too: a collection in a child would otherwise
     # walk (and write to) every inherited object, copying the heap page by page (0.5 s a proc, measured).
     gc.collect()
@@ -320,10 +319,8 @@ def _reap(clients: dict[int, socket.socket]) -> None:
 
 
 def _send(conn: socket.socket, line: str) -> None:
-    try:
+    with contextlib.suppress(OSError):  # the client is gone; its child's lifeline ends the child
         conn.sendall(line.encode() + b"\n")
-    except OSError:
-        pass  # the client is gone; its child's lifeline ends the child
 
 
 def _become_proc(conn: socket.socket, got: dict, fds: list[int]) -> None:
@@ -364,26 +361,29 @@ def _exit(code: int | str | None) -> None:
         print(code, file=sys.stderr)
         code = 1
     for stream in (sys.stdout, sys.stderr):
-        try:
+        with contextlib.suppress(Exception):
             stream.flush()
-        except Exception:
-            pass
     os._exit(code or 0)
 
 
 def _lifeline(conn: socket.socket) -> None:
     """The client never writes after its request: end of file means it is gone (killed): go with it."""
-    try:
+    with contextlib.suppress(OSError):
         while conn.recv(64):
             pass
-    except OSError:
-        pass
     os.kill(os.getpid(), signal.SIGKILL)
 
 
+def _remove_socket(path: str) -> None:
+    """Remove the socket and its folder, the folder only when nothing else is in it (never a tree: PATH is argv)."""
+    with contextlib.suppress(OSError):
+        os.unlink(path)
+        os.rmdir(os.path.dirname(path))
+
+
 def main() -> None:
-    """``python -m forge_nb.mesh.forkserver PATH``: a kernel's server (`ForkServer`), which removes PATH's folder."""
-    run_server(lambda: serve(sys.argv[1], retire=lambda: shutil.rmtree(Path(sys.argv[1]).parent, ignore_errors=True)))
+    """``python -m forge_nb.mesh.forkserver PATH``: a kernel's server (`ForkServer`); it removes its socket."""
+    run_server(lambda: serve(sys.argv[1], retire=lambda: _remove_socket(sys.argv[1])))
 
 
 def run_server(start: Callable[[], Callable[[], None] | None]) -> None:

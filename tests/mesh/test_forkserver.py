@@ -104,6 +104,19 @@ def test_the_server_exits_when_the_process_that_started_it_is_gone(tmp_path):
     assert not Path(folder.decode()).exists()  # the server took its socket's folder with it
 
 
+def test_a_server_given_a_socket_in_a_shared_folder_removes_only_its_socket(tmp_path):
+    (tmp_path / "keep.txt").write_text("someone else's")
+    sock = tmp_path / "sock"
+    server = subprocess.Popen([sys.executable, "-m", "forge_nb.mesh.forkserver", str(sock)], stdin=subprocess.PIPE)
+    deadline = time.monotonic() + 60
+    while not sock.exists():
+        assert server.poll() is None and time.monotonic() < deadline, "the server did not bind its socket"
+        time.sleep(0.05)
+    server.stdin.close()  # as when its kernel is gone
+    assert server.wait(30) == 0
+    assert not sock.exists() and (tmp_path / "keep.txt").read_text() == "someone else's"
+
+
 def test_a_released_server_lingers_for_the_next_acquire_with_the_same_environment(monkeypatch):
     monkeypatch.setenv(forkserver.LINGER_ENV, "60")
     first = forkserver.acquire({"FORKED": "a"})
