@@ -161,6 +161,9 @@ class BackgroundRun(RunControl):
                 break
             try:
                 self._step()
+            except LossFailedAfterSteps as e:  # trained in part, and the step finished (synced, row written)
+                self.done += 1
+                raise RuntimeError(f"step {self.done} failed: {type(e).__name__}: {e}") from e
             except Exception as e:
                 raise RuntimeError(f"step {self.done + 1} failed: {type(e).__name__}: {e}") from e
             self.done += 1

@@ -40,6 +40,21 @@ def test_an_exception_stops_the_run_and_is_kept():
     assert run.state == "failed" and "step 1 failed: ValueError: boom" in run.error
 
 
+def test_a_loss_failing_after_a_batchs_first_step_counts_the_step_it_finished():
+    from forge_nb.actors.trainer import LossFailedAfterSteps
+
+    calls = []
+
+    def step():
+        calls.append(1)
+        if len(calls) == 2:  # the batch's first optimizer steps were taken, the step finished, then it raised
+            raise LossFailedAfterSteps("loss v1 failed on step 2 of the batch's 2", {"updates": 1})
+
+    run = BackgroundRun(step, steps=None).start()
+    run.wait(5)
+    assert run.state == "failed" and run.done == 2 and "step 2 failed: LossFailedAfterSteps" in run.error
+
+
 class _Driver:
     """A stand-in session for the run slot's own logic (the real one is tested on a mesh)."""
 

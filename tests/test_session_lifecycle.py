@@ -5,7 +5,7 @@ import math
 import pytest
 
 import forge_nb
-from forge_nb.actors.trainer import LossFailed
+from forge_nb.actors.trainer import LossFailed, LossFailedAfterSteps
 from forge_nb.config import ConfigError
 from tests.conftest import child_processes, wait_no_children
 
@@ -143,6 +143,19 @@ def test_epochs_and_mini_batches_take_their_steps_and_a_loss_failing_midway_keep
         assert run.state == "failed" and "failed on step 2 of the batch's 4" in run.error
         unconsumed = sum(len(r.episodes) for r in run.unconsumed)
         assert run.trained == 16 and run.produced == run.trained + run.dropped + unconsumed  # the batch counted
+
+        def fifth_fails(logprobs, old_logprobs, advantages, mask):
+            calls[0] += 1
+            if calls[0] == 5:  # the first step of the second batch
+                raise ValueError("fifth")
+            return -((logprobs - old_logprobs).exp() * advantages[:, None] * mask).sum() / mask.sum()
+
+        s.set_loss(fifth_fails)
+        assert s.train(s.rollout())["updates"] == 4
+        before = s.checksums()["trainer"]
+        with pytest.raises(LossFailed, match="raised ValueError: fifth; no step was taken") as failed:
+            s.train(s.rollout())  # the user sees forge_nb's error, not Monarch's wrapper around it
+        assert not isinstance(failed.value, LossFailedAfterSteps) and s.checksums()["trainer"] == before
     finally:
         s.down()
     assert wait_no_children() == []

@@ -29,7 +29,7 @@ from monarch.actor import ActorError
 
 from forge_nb.actors.generator import Generator
 from forge_nb.actors.reference import Reference
-from forge_nb.actors.trainer import Trainer
+from forge_nb.actors.trainer import LossFailed, Trainer
 from forge_nb.engines.base import WeightsRefused
 from forge_nb.mesh import last_words, supervision
 from forge_nb.mesh.calls import gang_call, on_gang, wait
@@ -179,10 +179,10 @@ def innermost(error: BaseException) -> BaseException:
 
 
 def _said_by_forge_nb(error: SupervisionError | ActorError) -> BaseException:
-    """The exception a proc raised when its message is meant for the user (a refresh refused or torn), in
-    place of Monarch's wrappers around it; else `error` itself."""
+    """The exception a proc raised when its message is meant for the user (a refresh refused or torn, the live
+    loss failing on a batch), in place of Monarch's wrappers around it; else `error` itself."""
     inner = innermost(error)
-    return inner if isinstance(inner, (RefreshError, TornWeights, WeightsRefused)) else error
+    return inner if isinstance(inner, (RefreshError, TornWeights, WeightsRefused, LossFailed)) else error
 
 
 def procs_lost(error: SupervisionError | ActorError | GangError) -> bool:

@@ -6,6 +6,7 @@ import psutil
 import pytest
 
 import forge_nb
+from forge_nb.actors.trainer import LossFailed
 from tests.conftest import wait_no_children
 
 SMALL = {"prompts_per_step": 4, "group_size": 4, "threads_per_proc": 1}
@@ -59,7 +60,7 @@ def test_a_live_loss_runs_on_every_rank_and_a_bad_one_changes_nothing(gang):
 
     before = gang.checksums()["trainer"]
     gang.set_loss(broken)
-    with pytest.raises(Exception, match="raised ValueError: no; no step was taken"):
+    with pytest.raises(LossFailed, match="raised ValueError: no; no step was taken"):
         gang.train(gang.rollout())
     assert gang.checksums()["trainer"] == before  # no rank stepped
     gang.set_loss(doubled)
