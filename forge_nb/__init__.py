@@ -8,10 +8,17 @@ s.down()
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import Any
 
-from forge_nb.config import Config, ConfigError
+# Monarch logs every message, launch and actor of every proc at INFO into one file per user that nothing
+# rotates (/tmp/<user>/monarch_log.log: 95% of its lines, ~35 MB a run of this test suite, and launch records
+# that list the environment handed to procs). Warnings and errors are what a failure needs; set before Monarch
+# loads, and inherited by every proc. MONARCH_FILE_LOG=info (or debug) in the environment wins.
+os.environ.setdefault("MONARCH_FILE_LOG", "warn")
+
+from forge_nb.config import Config, ConfigError  # noqa: E402 -- after the variable above
 
 __version__ = "0.1.0"
 
