@@ -5,11 +5,11 @@ samples a step), `--seeds` times (seeds 1..n; every loss sees the same seeds), a
 (``max_staleness`` 2: batches up to two policy versions old, so the ratios move off 1 and the clips, caps and
 gates differ; on-policy, with ``--mode sync``, every loss here is close to the plain policy gradient). Reported per
 loss: held-out greedy accuracy before and after (200 problems; the seed picks them) as the mean over seeds ± its
-standard error (n = seeds), the mean training reward of the last 50 steps (mean ± SE), the clip fraction (share of
-tokens whose ratio is outside the clip, as each loss's metric counts it), the k1 KL(generator || policy) at the
-step (`approx_kl`), the mean staleness, the optimizer steps per batch (`updates`: more than 1 with
-`algorithm.epochs` or `algorithm.mini_batches`), the median train seconds per step (the loss's cost is inside
-it) and the mean wall seconds of a run.
+standard error (n = seeds), the mean training reward and the policy's mean entropy per token (nats) over the last
+50 steps (mean ± SE), the clip fraction (share of tokens whose ratio is outside the clip, as each loss's metric
+counts it), the k1 KL(generator || policy) at the step (`approx_kl`), the mean staleness, the optimizer steps per
+batch (`updates`: more than 1 with `algorithm.epochs` or `algorithm.mini_batches`), the median train seconds per
+step (the loss's cost is inside it) and the mean wall seconds of a run.
 
     python benchmarks/losses.py [--steps 600] [--seeds 4] [--mode async|sync]
 """
@@ -35,6 +35,8 @@ LOSSES = {
     "grpo-m4": {"loss": "grpo", "mini_batches": 4},
     "e2-lr/2": {"loss": "grpo", "epochs": 2, "lr": 2.5e-4},
     "m4-lr/4": {"loss": "grpo", "mini_batches": 4, "lr": 1.25e-4},
+    # "Beyond the 80/20 rule" (Wang et al., 2025): DAPO's loss on the top 20% of tokens by entropy only.
+    "dapo-te.2": {"loss": "dapo", "top_entropy_quantile": 0.2},
 }
 
 
@@ -52,6 +54,7 @@ def one_run(overrides: dict, seed: int, steps: int, mode: str) -> dict:
             "reward": float(rows.tail(50).mean_reward.mean()),
             "clip": float(rows.clip_fraction.mean()),
             "kl": float(train.approx_kl.mean()),
+            "entropy": float(train.entropy.tail(50).mean()),
             "train_s": float(rows.train_s.median()),
             "staleness": float(rows.staleness.mean()),
             "updates": float(train.updates.mean()),
@@ -81,16 +84,16 @@ def main() -> None:
         f"\n{args.steps} steps x {args.seeds} seeds each, {args.mode} (max_staleness 2), bundled model and task; "
         f"mean ± standard error over the {args.seeds} seeds\n"
     )
-    columns = ["held-out before", "held-out after", "reward, last 50", "clip frac", "approx_kl", "staleness"]
-    columns += ["updates", "train s", "run s"]
-    print(f"{'loss':<8}" + "".join(f"{c:>17}" for c in columns))
+    columns = ["held-out before", "held-out after", "reward, last 50", "entropy, last 50", "clip frac", "approx_kl"]
+    columns += ["staleness", "updates", "train s", "run s"]
+    print(f"{'loss':<9}" + "".join(f"{c:>17}" for c in columns))
     for name, runs in results.items():
-        cells = [mean_se([r[k] for r in runs]) for k in ("before", "heldout", "reward")]
+        cells = [mean_se([r[k] for r in runs]) for k in ("before", "heldout", "reward", "entropy")]
         cells += [f"{statistics.mean(r[k] for r in runs):.{d}f}" for k, d in (("clip", 4), ("kl", 5), ("staleness", 2))]
         cells.append(f"{statistics.mean(r['updates'] for r in runs):.2f}")
         cells.append(f"{statistics.median(r['train_s'] for r in runs):.4f}")
         cells.append(f"{statistics.mean(r['seconds'] for r in runs):.0f}")
-        print(f"{name:<8}" + "".join(f"{c:>17}" for c in cells))
+        print(f"{name:<9}" + "".join(f"{c:>17}" for c in cells))
     print("\nconfigs: " + "; ".join(f"{k} {v}" for k, v in LOSSES.items() if k in results))
 
 

@@ -112,6 +112,7 @@ def test_a_whole_grpo_config_maps_what_forge_nb_has_and_names_what_it_ignores():
     values = trl.GRPOConfig(
         use_cpu=True, learning_rate=2e-5, num_generations=4, max_completion_length=24, loss_type="dr_grpo",
         scale_rewards="none", beta=0.02, num_iterations=2, top_entropy_quantile=0.2, mask_truncated_completions=True,
+        top_k=5,
     ).to_dict()  # fmt: skip
     with pytest.warns(TRLConfigWarning) as caught:
         c = Config.from_dict(values)
@@ -119,7 +120,8 @@ def test_a_whole_grpo_config_maps_what_forge_nb_has_and_names_what_it_ignores():
     ours = [w for w in caught if issubclass(w.category, TRLConfigWarning)]
     assert len(ours) == 1, [str(w.message) for w in caught]
     message = str(ours[0].message)
-    assert "top_entropy_quantile=0.2" in message
+    assert "top_k=5" in message
+    assert "top_entropy_quantile" not in message and c.algorithm.top_entropy_quantile == 0.2  # the same name
     assert "mask_truncated" not in message and c.algorithm.mask_truncated  # mapped, not ignored
     assert "num_iterations" not in message and c.algorithm.epochs == 2
     assert "output_dir" not in message and "learning_rate" not in message and "use_cpu" not in message

@@ -160,6 +160,7 @@ class AlgorithmConfig:
     ratio_level: str = "token"  # "sequence": one ratio per sequence, the mean log-ratio's exp (GSPO)
     clip_delta: float = 0.0  # INTELLECT-2's two-sided clip: the unclipped ratio capped at this (> 1); 0: off
     off_policy_mask: float | None = None  # DeepSeek-V3.2: no loss on sequences with A < 0 and mean KL above this
+    top_entropy_quantile: float = 1.0  # the policy term on the top this share of tokens by entropy only; 1.0: all
     sapo_tau_pos: float = 1.0  # SAPO's gate temperature where A > 0
     sapo_tau_neg: float = 1.05  # and where A <= 0
     mask_truncated: bool = False  # completions cut at engine.max_tokens get no loss (DAPO's overlong filter)
@@ -219,6 +220,11 @@ class AlgorithmConfig:
             _at_least("algorithm.off_policy_mask", self.off_policy_mask, 0.0)
         if self.clip_delta and self.loss in UNCLIPPED:
             raise ConfigError(f"algorithm.clip_delta caps a clipped loss's ratio; loss {self.loss!r} clips none")
+        if not 0 < self.top_entropy_quantile <= 1:
+            raise ConfigError(
+                "algorithm.top_entropy_quantile is the share of tokens, by entropy, that keep their policy term: "
+                f"in (0, 1] (the paper's 0.2; 1.0: off), got {self.top_entropy_quantile}"
+            )
         _above_zero("algorithm.sapo_tau_pos", self.sapo_tau_pos)
         _above_zero("algorithm.sapo_tau_neg", self.sapo_tau_neg)
         _at_least("algorithm.overlong_cache", self.overlong_cache, 0)

@@ -6,7 +6,7 @@ and a forge_nb name for one field that disagree (``learning_rate=1e-5, lr=1e-4``
 Names that are in TRL's GRPOConfig (installed) but that forge_nb does not map are dropped: the ones
 whose value differs from TRL's default are named in one `TRLConfigWarning`, the rest (TRL's defaults,
 and its device and output settings) silently, so ``forge_nb.up(**GRPOConfig(...).to_dict())`` runs.
-`temperature`, `top_p`, `max_grad_norm` and `seed` have the same name and meaning in both.
+`temperature`, `top_p`, `max_grad_norm`, `seed` and `top_entropy_quantile` have the same name and meaning in both.
 """
 
 from __future__ import annotations

@@ -39,19 +39,20 @@ def builtin_loss(algorithm: AlgorithmConfig, max_tokens: int) -> LiveCode:
     modifiers = [f"{k}={getattr(a, f)!r}" for k, f in chosen.modifiers.items() if getattr(a, f) != defaults[k].default]
     options += modifiers
     label = ", ".join([a.loss, *modifiers])  # the origin names what differs from the plain loss (GSPO's ratio, ...)
+    params = ["logprobs", "old_logprobs", "advantages", "mask"]
     if a.kl_coef > 0:
+        params.append("ref_logprobs")
         options += [f"ref_logprobs=ref_logprobs, beta={a.kl_coef!r}"] + (["kl_unbiased=True"] if a.kl_unbiased else [])
-        source = (
-            f"from forge_nb.rl.losses import {fn}\n\n\n"
-            "def loss(logprobs, old_logprobs, advantages, mask, ref_logprobs):\n"
-            f"    return {fn}(logprobs, old_logprobs, advantages, mask, {', '.join(options)})\n"
-        )
-        return LiveCode("loss", "loss", source, f"built-in: {label} + {a.kl_coef} x KL(reference)")
+        label += f" + {a.kl_coef} x KL(reference)"
+    if a.top_entropy_quantile < 1:
+        params.append("entropies")  # the trainer passes the policy's per-token entropies to a loss that names them
+        options.append("entropies=entropies")
     source = (
         f"from forge_nb.rl.losses import {fn}\n\n\n"
-        "def loss(logprobs, old_logprobs, advantages, mask):\n"
+        f"def loss({', '.join(params)}):\n"
         f"    return {fn}(logprobs, old_logprobs, advantages, mask, {', '.join(options)})\n"
     )
-    # Every loss of the family is advantage x f(ratio) per token: 0, with no gradient, where A = 0 (not so
-    # with the KL term above) and where the mask is 0.
-    return LiveCode("loss", "loss", source, f"built-in: {label}", zero_advantage_inert=True)
+    # Every loss of the family is advantage x f(ratio) per token: 0, with no gradient, where A = 0 and where the
+    # mask is 0; not so with the KL term, nor with the entropy quantile (taken over every row's tokens).
+    inert = a.kl_coef == 0 and a.top_entropy_quantile == 1
+    return LiveCode("loss", "loss", source, f"built-in: {label}", zero_advantage_inert=inert)

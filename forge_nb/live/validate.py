@@ -21,7 +21,7 @@ from forge_nb.rewards.batch import RewardSample, columns_of
 from forge_nb.rewards.forms import by_name, is_batched, keywords_for
 from forge_nb.rewards.judge_client import JudgeUnavailable
 from forge_nb.rewards.scoring import batch_values, call_reward
-from forge_nb.rl.train_step import takes_ref
+from forge_nb.rl.train_step import takes_entropies, takes_ref
 
 
 @dataclass(frozen=True)
@@ -125,6 +125,8 @@ def validate_loss(fn: Callable, probe: LossProbe, timeout: float) -> float:
         try:
             ref = probe.ref_logprobs
             extra = {"ref_logprobs": ref.clone()} if ref is not None and takes_ref(fn) else {}
+            if takes_entropies(fn):  # no model here: each token's surprisal stands in (>= 0, varies as one does)
+                extra["entropies"] = (-probe.old_logprobs).clamp(min=0) * probe.mask
             loss = fn(logprobs, probe.old_logprobs.clone(), probe.advantages.clone(), probe.mask.clone(), **extra)
         except Exception as e:
             raise CheckFailed(describe_exception(e)) from e

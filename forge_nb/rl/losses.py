@@ -19,7 +19,11 @@ brackets, computed the same way: `tests/rl/test_losses_vs_trl.py` runs TRL's own
 - ``beta`` with ``ref_logprobs`` [beta]: `beta` x the k3 KL(policy || reference) added to every token's term, so it
   is aggregated as the loss aggregates its tokens (TRL's and verl's way); 0: off; ``kl_unbiased``
   [use_bias_correction_kl, True in TRL 1.16]: that KL times the importance ratio (DeepSeek-V3.2's unbiased KL
-  gradient).
+  gradient);
+- ``top_entropy_quantile`` with ``entropies`` [top_entropy_quantile]: "Beyond the 80/20 rule" (Wang et al., 2025):
+  only the tokens whose policy entropy is in the top `top_entropy_quantile` of the batch's tokens keep their policy
+  term (the others still count in the normaliser; the KL term is kept on every token, as TRL does); 1.0: off.
+  ``entropies`` [B, T] are the policy's per-token entropies (the trainer passes them to a loss that names them).
 """
 
 from __future__ import annotations
@@ -94,6 +98,28 @@ def off_policy_keep(
     return ((adv >= 0) | (kl <= threshold)).to(mask.dtype)
 
 
+def quantile(values: torch.Tensor, q: float) -> torch.Tensor:
+    """The `q` quantile of a 1-D tensor, linearly interpolated (``torch.quantile``'s default), at any size
+    (``torch.quantile`` refuses more than 2**24 values: a batch's tokens can be more)."""
+    ordered = values.sort().values
+    position = q * (len(ordered) - 1)
+    below = int(position)
+    above = min(below + 1, len(ordered) - 1)
+    return ordered[below] + (ordered[above] - ordered[below]) * (position - below)
+
+
+def high_entropy_mask(entropies: torch.Tensor, mask: torch.Tensor, top: float) -> torch.Tensor:
+    """[B, T], 1 on the masked tokens whose entropy is at least the ``1 - top`` quantile of the masked tokens'
+    entropies (the top `top` share of them), 0 elsewhere; all 0 when the mask is empty (TRL's
+    `get_high_entropy_mask`)."""
+    chosen = mask.bool()
+    values = entropies.detach()[chosen].float()
+    if values.numel() == 0:
+        return torch.zeros_like(mask)
+    threshold = quantile(values, 1.0 - top)
+    return ((entropies.detach() * mask >= threshold) & chosen).to(mask.dtype)
+
+
 @dataclass(frozen=True)
 class _Shared:
     """The options every built-in loss takes after its own (the module docstring's)."""
@@ -103,6 +129,8 @@ class _Shared:
     ref_logprobs: torch.Tensor | None
     beta: float
     kl_unbiased: bool
+    entropies: torch.Tensor | None = None
+    top_entropy_quantile: float = 1.0
 
 
 def _terms(
@@ -113,10 +141,17 @@ def _terms(
     mask: torch.Tensor,
     shared: _Shared,
 ) -> torch.Tensor:
-    """A loss's per-token terms [B, T] or [B, 1] x the off-policy mask, plus `beta` x the k3 KL to the reference
-    per token [B, T] (in TRL's order), before the loss aggregates them its own way; with `kl_unbiased`, that KL
-    times the importance ratio (with its gradient: DeepSeek-V3.2's unbiased KL gradient)."""
+    """A loss's per-token terms [B, T] or [B, 1] x the off-policy mask x the high-entropy mask, plus `beta` x the
+    k3 KL to the reference per token [B, T] (in TRL's order), before the loss aggregates them its own way; with
+    `kl_unbiased`, that KL times the importance ratio (with its gradient: DeepSeek-V3.2's unbiased KL gradient)."""
     per_token = per_token * off_policy_keep(logprobs, old_logprobs, advantages, mask, shared.off_policy_mask)
+    if shared.top_entropy_quantile < 1.0:
+        if shared.entropies is None:
+            raise ValueError(
+                f"top_entropy_quantile={shared.top_entropy_quantile} needs entropies (the policy's, per token: "
+                "name `entropies` in the loss's parameters and pass it on)"
+            )
+        per_token = per_token * high_entropy_mask(shared.entropies, mask, shared.top_entropy_quantile)
     if not shared.beta:
         return per_token
     if shared.ref_logprobs is None:
@@ -141,6 +176,8 @@ def grpo_loss(
     ref_logprobs: torch.Tensor | None = None,
     beta: float = 0.0,
     kl_unbiased: bool = False,
+    entropies: torch.Tensor | None = None,
+    top_entropy_quantile: float = 1.0,
 ) -> torch.Tensor:
     """Clipped-ratio GRPO surrogate, negated for minimisation -> scalar.
 
@@ -152,7 +189,7 @@ def grpo_loss(
     """
     high = clip_eps if clip_high is None else clip_high
     per_token = clipped_surrogate(logprobs, old_logprobs, advantages, clip_eps, high, mask, ratio_level, delta)
-    shared = _Shared(ratio_level, off_policy_mask, ref_logprobs, beta, kl_unbiased)
+    shared = _Shared(ratio_level, off_policy_mask, ref_logprobs, beta, kl_unbiased, entropies, top_entropy_quantile)
     per_token = _terms(per_token, logprobs, old_logprobs, advantages, mask, shared)
     if token_level:
         return masked_mean(per_token, mask)
@@ -174,13 +211,15 @@ def dr_grpo_loss(
     ref_logprobs: torch.Tensor | None = None,
     beta: float = 0.0,
     kl_unbiased: bool = False,
+    entropies: torch.Tensor | None = None,
+    top_entropy_quantile: float = 1.0,
 ) -> torch.Tensor:
     """Dr.GRPO ("GRPO done right"): the clipped surrogate summed over tokens and divided by a
     constant B x `max_tokens` (default: T), so long and short answers are not re-weighted by their
     length. Pair it with advantages that are not divided by the group std -> scalar."""
     high = clip_eps if clip_high is None else clip_high
     per_token = clipped_surrogate(logprobs, old_logprobs, advantages, clip_eps, high, mask, ratio_level, delta)
-    shared = _Shared(ratio_level, off_policy_mask, ref_logprobs, beta, kl_unbiased)
+    shared = _Shared(ratio_level, off_policy_mask, ref_logprobs, beta, kl_unbiased, entropies, top_entropy_quantile)
     per_token = _terms(per_token, logprobs, old_logprobs, advantages, mask, shared)
     return (per_token * mask).sum() / (mask.shape[0] * (max_tokens or mask.shape[1]))
 
@@ -198,12 +237,14 @@ def dapo_loss(
     ref_logprobs: torch.Tensor | None = None,
     beta: float = 0.0,
     kl_unbiased: bool = False,
+    entropies: torch.Tensor | None = None,
+    top_entropy_quantile: float = 1.0,
 ) -> torch.Tensor:
     """DAPO: clip-higher (ratio clipped to [1 - clip_low, 1 + clip_high]) and token-level mean over
     every generated token of the batch -> scalar. Dynamic sampling and the overlong penalty live in
     `forge_nb.rl.advantages` (they act on groups and rewards, not on the loss)."""
     per_token = clipped_surrogate(logprobs, old_logprobs, advantages, clip_low, clip_high, mask, ratio_level, delta)
-    shared = _Shared(ratio_level, off_policy_mask, ref_logprobs, beta, kl_unbiased)
+    shared = _Shared(ratio_level, off_policy_mask, ref_logprobs, beta, kl_unbiased, entropies, top_entropy_quantile)
     per_token = _terms(per_token, logprobs, old_logprobs, advantages, mask, shared)
     return masked_mean(per_token, mask)
 
@@ -219,6 +260,8 @@ def cispo_loss(
     ref_logprobs: torch.Tensor | None = None,
     beta: float = 0.0,
     kl_unbiased: bool = False,
+    entropies: torch.Tensor | None = None,
+    top_entropy_quantile: float = 1.0,
 ) -> torch.Tensor:
     """CISPO (MiniMax-M1; ScaleRL's choice): the importance weight ``exp(logprobs - old_logprobs)`` is clipped,
     not the update: ``-min(ratio, rho_max).detach() * A * logprobs`` per token, token-level mean -> scalar. Every
@@ -226,7 +269,7 @@ def cispo_loss(
     ``epsilon_high=rho_max`` (ScaleRL recommends 5.0). The same loss as `aipo_loss`."""
     weight = torch.exp(log_ratio(logprobs, old_logprobs, mask, ratio_level)).clamp(max=rho_max).detach()
     per_token = -weight * _per_row(advantages) * logprobs
-    shared = _Shared(ratio_level, off_policy_mask, ref_logprobs, beta, kl_unbiased)
+    shared = _Shared(ratio_level, off_policy_mask, ref_logprobs, beta, kl_unbiased, entropies, top_entropy_quantile)
     per_token = _terms(per_token, logprobs, old_logprobs, advantages, mask, shared)
     return masked_mean(per_token, mask)
 
@@ -243,6 +286,8 @@ def sapo_loss(
     ref_logprobs: torch.Tensor | None = None,
     beta: float = 0.0,
     kl_unbiased: bool = False,
+    entropies: torch.Tensor | None = None,
+    top_entropy_quantile: float = 1.0,
 ) -> torch.Tensor:
     """SAPO (Soft Adaptive Policy Optimization): a smooth gate instead of the hard clip,
     ``-sigmoid(tau * (ratio - 1)) * 4 / tau * A`` per token, with `tau_pos` where A > 0 and `tau_neg` elsewhere
@@ -252,7 +297,7 @@ def sapo_loss(
     ratio = torch.exp(log_ratio(logprobs, old_logprobs, mask, ratio_level))
     tau = torch.where(adv > 0, tau_pos, tau_neg)
     per_token = -torch.sigmoid(tau * (ratio - 1.0)) * 4.0 / tau * adv
-    shared = _Shared(ratio_level, off_policy_mask, ref_logprobs, beta, kl_unbiased)
+    shared = _Shared(ratio_level, off_policy_mask, ref_logprobs, beta, kl_unbiased, entropies, top_entropy_quantile)
     per_token = _terms(per_token, logprobs, old_logprobs, advantages, mask, shared)
     return masked_mean(per_token, mask, dim=1).mean()
 
@@ -299,9 +344,10 @@ class BuiltinLoss:
     modifiers: dict[str, str] = field(default_factory=dict)
 
 
-_CLIPPED = {"ratio_level": "ratio_level", "delta": "clip_delta", "off_policy_mask": "off_policy_mask"}
+_ENTROPY = {"top_entropy_quantile": "top_entropy_quantile"}
+_CLIPPED = {"ratio_level": "ratio_level", "delta": "clip_delta", "off_policy_mask": "off_policy_mask", **_ENTROPY}
+_WEIGHTED = {"ratio_level": "ratio_level", "off_policy_mask": "off_policy_mask", **_ENTROPY}
 _ASYMMETRIC = {"clip_high": "clip_high", **_CLIPPED}  # grpo's and dr_grpo's upper clip: written when it is set
-_WEIGHTED = {"ratio_level": "ratio_level", "off_policy_mask": "off_policy_mask"}
 
 #: The built-in losses by `algorithm.loss` name; `forge_nb.live.builtin.builtin_loss` makes loss v0 from one.
 #: Dr.GRPO divides by B x engine.max_tokens (a constant), as the paper and TRL do. "aipo" is CISPO's loss (its

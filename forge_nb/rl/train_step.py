@@ -24,7 +24,9 @@ class NonFiniteGradient(FloatingPointError):
     """The loss's gradient is NaN or inf; no optimizer step was taken."""
 
 
-LossFn = Callable[..., torch.Tensor]  # (logprobs, old_logprobs, advantages, mask[, ref_logprobs]) -> scalar
+LossFn = Callable[
+    ..., torch.Tensor
+]  # (logprobs, old_logprobs, advantages, mask[, ref_logprobs][, entropies]) -> scalar
 
 
 def takes_ref(loss_fn: LossFn) -> bool:
@@ -34,6 +36,15 @@ def takes_ref(loss_fn: LossFn) -> bool:
     except (TypeError, ValueError):
         return False
     return any(p.name == "ref_logprobs" or p.kind is p.VAR_KEYWORD for p in params)
+
+
+def takes_entropies(loss_fn: LossFn) -> bool:
+    """Whether `loss_fn` names an ``entropies`` parameter (the policy's per-token entropy [B, T]; only by name:
+    computing it costs a pass over the vocabulary, and a ``**kwargs`` loss did not ask for it)."""
+    try:
+        return "entropies" in inspect.signature(loss_fn).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 def needs_ref(loss_fn: LossFn) -> bool:
@@ -70,7 +81,9 @@ def policy_update(
     count; ~0 on-policy, it grows with staleness; at ``ratio_level="sequence"``, GSPO's, the share of sequences
     whose ratio, ``exp`` of their mean log-ratio, is outside, as TRL counts it); `response_length` and
     `response_length_max`, the policy tokens per sequence (a completion left out of the loss counted too).
-    `with_entropy` False: no entropy (NaN), and no pass over the vocabulary for it.
+    `with_entropy` False: no entropy (NaN), and no pass over the vocabulary for it, unless the loss names
+    ``entropies``: it gets the policy's per-token entropy of the whole batch [B, T] (detached; 0 on rows that
+    did not run), as it gets ``ref_logprobs``.
 
     The loss always sees the whole batch: `loss_fn` runs once, on the logprobs of every row, with the
     whole batch's normaliser, whatever `split` says. Split over ranks and micro-batches (`rl.split`),
@@ -101,11 +114,12 @@ def policy_update(
     mask = batch.loss_mask  # the policy's own tokens (multi-turn: not tool results or environment messages)
     extra = {"ref_logprobs": batch.ref_logprobs} if batch.ref_logprobs is not None and takes_ref(loss_fn) else {}
     optimizer.zero_grad(set_to_none=True)
-    entropies = torch.zeros_like(batch.old_logprobs) if with_entropy else None
+    wanted = takes_entropies(loss_fn)
+    entropies = torch.zeros_like(batch.old_logprobs) if with_entropy or wanted else None
+    if wanted:
+        extra["entropies"] = entropies  # filled in, over every rank, before the loss runs
     passes = _one_pass if work.count == 1 else _two_passes
     loss, logprobs = passes(model, batch, work, ran, split, temperature, loss_fn, extra, check_loss, entropies)
-    if entropies is not None:
-        split.sum_across(entropies)
     grad_norm = clip_gradients(model, max_grad_norm, split)
     if not torch.isfinite(grad_norm):
         optimizer.zero_grad(set_to_none=True)
@@ -143,10 +157,12 @@ def policy_update(
 
 def _one_pass(model, batch, work, ran, split, temperature, loss_fn, extra, check_loss, entropies):
     """One micro-batch on this rank: its logprobs keep their graph; the other ranks' rows join as
-    constants -> (loss, the whole batch's logprobs [B, T] detached), backward done; this rank's rows
-    of `entropies` filled in."""
+    constants -> (loss, the whole batch's logprobs [B, T] detached), backward done; `entropies` filled in
+    (every rank's rows) before the loss runs."""
     rows = work.micro_batches[0] if work.micro_batches else None
     mine = _run(model, batch, rows, temperature, entropies)
+    if entropies is not None:
+        split.sum_across(entropies)
     values = torch.zeros_like(batch.old_logprobs)
     if rows is not None:
         values[rows] = mine.detach().to(values.dtype)
@@ -162,10 +178,12 @@ def _one_pass(model, batch, work, ran, split, temperature, loss_fn, extra, check
 
 def _two_passes(model, batch, work, ran, split, temperature, loss_fn, extra, check_loss, entropies):
     """Several micro-batches: logprobs without a graph, the loss's gradient G with respect to them, then
-    each micro-batch again, back-propagated with its rows of G -> (loss, logprobs [B, T] detached); this
-    rank's rows of `entropies` filled in by the first pass."""
+    each micro-batch again, back-propagated with its rows of G -> (loss, logprobs [B, T] detached);
+    `entropies` filled in (every rank's rows) by the first pass."""
     with torch.no_grad():
         full = _gathered(_pass(model, batch, work, temperature, entropies), batch, ran, split)
+        if entropies is not None:
+            split.sum_across(entropies)
     leaf = full.clone().requires_grad_(True)
     loss = check_loss(loss_fn(leaf, batch.old_logprobs, batch.advantages, batch.loss_mask, **extra))
     (grad,) = torch.autograd.grad(loss, leaf)

@@ -138,6 +138,22 @@ def test_good_loss_trains_and_is_recorded_on_every_sample(s):
     s.set_loss(version=0)
 
 
+def test_a_loss_that_names_entropies_gets_the_policys_per_token_entropy(s):
+    """The checker's probe and the trainer pass `entropies` [B, T] to a loss that names it: here the top 20% of
+    tokens by entropy (top_entropy_quantile, as TRL's) keep their policy term."""
+    v = s.set_loss(
+        "from forge_nb.rl.losses import dapo_loss\n\n"
+        "def loss(logprobs, old_logprobs, advantages, mask, entropies):\n"
+        "    assert entropies.shape == mask.shape and bool((entropies >= 0).all())\n"
+        "    kept = {'entropies': entropies, 'top_entropy_quantile': 0.2}\n"
+        "    return dapo_loss(logprobs, old_logprobs, advantages, mask, **kept)\n"
+    )
+    metrics = s.train(s.rollout())
+    assert metrics["loss_version"] == v and metrics["entropy"] > 0
+    s.sync()
+    s.set_loss(version=0)
+
+
 def test_a_validated_reward_that_fails_later_marks_the_sample_and_never_scores_it_zero(s):
     s.rollout()
     limit = s.state.next_sample_id  # probe samples have ids below this; the next rollout's are above

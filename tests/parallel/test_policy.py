@@ -51,12 +51,14 @@ def train(
     rounds: int = 1,
     fail_first: bool = False,
     model: str = BUNDLED_MODEL,
+    top_entropy: float = 1.0,
 ) -> dict:
     """On each rank: the bundled policy, AdamW at 5e-4, `rounds` x `STEPS` updates (saving its state to
     `save_to` after the first round, starting from `load_from`; `fail_first`: first a live loss that
     raises after the forward) -> the metrics, each step's whole weights and the trainer's logprobs, as
     the rank sees them, and the sizes of what it holds. `model` other than the bundled one: the whole
-    weights after the last step only (a real model's are large)."""
+    weights after the last step only (a real model's are large). `top_entropy`: the loss's
+    top_entropy_quantile."""
     from forge_nb.parallel.gang import Gang
     from forge_nb.parallel.policy import Policy, PolicySpec
 
@@ -66,14 +68,15 @@ def train(
     policy = Policy(spec, gang)
     if load_from:
         policy.load_state(load_from)
-    loss_fn = compile_function(builtin_loss(AlgorithmConfig(loss=loss), max_tokens=6))
+    code = builtin_loss(AlgorithmConfig(loss=loss, top_entropy_quantile=top_entropy), max_tokens=6)
+    loss_fn = compile_function(code)
     if fail_first:  # nothing steps, and the gang (FSDP2's iteration state) runs on
         with pytest.raises(ValueError, match="a loss cell's bug"):
             policy.update(batches()[0], _raises, 1.0, check_loss_value, False)
     rows, weights, logprobs = [], [], []
     for round in range(rounds):
         for batch in batches():
-            metrics, lps = policy.update(batch, loss_fn, 1.0, check_loss_value, True)
+            metrics, lps = policy.update(batch, loss_fn, 1.0, check_loss_value, code.zero_advantage_inert)
             rows.append(metrics)
             logprobs.append(lps)
             weights.append({n: t.clone() for n, t in policy.whole_published()} if model == BUNDLED_MODEL else {})
@@ -133,6 +136,19 @@ def test_two_ranks_take_the_one_rank_steps(loss):
     print(f"{loss}: largest weight difference after {STEPS} steps {worst:.2e}")
     assert worst <= 1e-5  # every weight after each of the 3 steps
     assert two[0]["logprobs"][1] == one["logprobs"][1]
+
+
+def test_the_top_entropy_share_is_taken_over_every_ranks_tokens():
+    """top_entropy_quantile: each rank's entropies are summed into the whole batch's before the loss runs, so the
+    quantile is over every rank's tokens: 2 ranks (a micro-batch each) take the 1-rank steps (2 micro-batches),
+    which are not plain dapo's (the mask takes tokens out)."""
+    (one,) = run_gang(1, train, two_micro_batch_budget(), "dapo", "", "", 1, False, BUNDLED_MODEL, 0.2)
+    two = run_gang(2, train, two_micro_batch_budget(), "dapo", "", "", 1, False, BUNDLED_MODEL, 0.2)
+    assert _close(two[0], one, atol=1e-5) <= 1e-5
+    (plain,) = trained(1, "dapo")
+    # The quantile needs every row's entropies: the all-zero group is not skipped, as it is under plain dapo.
+    assert one["metrics"][0]["rows_skipped"] == 0 < plain["metrics"][0]["rows_skipped"]
+    assert one["metrics"][0]["grad_norm"] != pytest.approx(plain["metrics"][0]["grad_norm"], rel=1e-3)
 
 
 @pytest.mark.slow

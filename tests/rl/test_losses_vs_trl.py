@@ -36,6 +36,7 @@ def _tensors(seed: int) -> dict[str, torch.Tensor]:
         "ref": old + torch.randn(B, T, generator=g) * 0.2,
         "advantages": torch.randn(B, generator=g),
         "mask": mask,
+        "entropies": torch.rand(B, T, generator=g) * 2,  # the policy's per-token entropy (nats)
     }
 
 
@@ -44,7 +45,7 @@ def _trl_loss(values: dict, x: dict) -> tuple[float, torch.Tensor]:
     args = trl_grpo.GRPOConfig(output_dir="/tmp/unused", use_cpu=True, max_completion_length=T, **values)
     logprobs = x["logprobs"].clone().requires_grad_(True)
     trainer = SimpleNamespace(
-        _get_per_token_logps_and_entropies=lambda *a, **k: (logprobs, torch.zeros(B, T), None),
+        _get_per_token_logps_and_entropies=lambda *a, **k: (logprobs, x["entropies"], None),
         aux_loss_enabled=False,
         top_entropy_quantile=args.top_entropy_quantile,
         off_policy_mask_threshold=args.off_policy_mask_threshold,
@@ -61,11 +62,16 @@ def _trl_loss(values: dict, x: dict) -> tuple[float, torch.Tensor]:
         current_gradient_accumulation_steps=1,
         max_completion_length=args.max_completion_length,
         accelerator=SimpleNamespace(
-            num_processes=1, gather=lambda t: t, gather_for_metrics=lambda t: t, reduce=lambda t, reduction: t
+            num_processes=1,
+            gather=lambda t: t,
+            gather_for_metrics=lambda t: t,
+            reduce=lambda t, reduction: t,
+            pad_across_processes=lambda t, dim, pad_index: t,
         ),
         _entropy_bonus_enabled=False,
         _metrics={"train": defaultdict(list)},
     )
+    trainer.get_high_entropy_mask = lambda *a: trl_grpo.GRPOTrainer.get_high_entropy_mask(trainer, *a)
     inputs = {
         "prompt_ids": torch.zeros(B, 1, dtype=torch.long),
         "prompt_mask": torch.ones(B, 1),
@@ -87,6 +93,8 @@ def _forge_nb_loss(values: dict, x: dict) -> tuple[float, torch.Tensor]:
     loss_fn = compile_function(builtin_loss(config.algorithm, config.engine.max_tokens))
     logprobs = x["logprobs"].clone().requires_grad_(True)
     extra = {"ref_logprobs": x["ref"]} if config.algorithm.kl_coef > 0 else {}
+    if config.algorithm.top_entropy_quantile < 1:
+        extra["entropies"] = x["entropies"]
     loss = loss_fn(logprobs, x["old"], x["advantages"], x["mask"], **extra)
     loss.backward()
     return loss.item(), logprobs.grad
@@ -101,6 +109,9 @@ OPTIONS = {
     "opsm": {"off_policy_mask_threshold": 0.05},
     "gspo+kl+opsm": {"importance_sampling_level": "sequence", "beta": 0.04, "use_bias_correction_kl": True,
                      "off_policy_mask_threshold": 0.05},
+    "top_entropy": {"top_entropy_quantile": 0.2},
+    "gspo+kl+opsm+top_entropy": {"importance_sampling_level": "sequence", "beta": 0.04, "use_bias_correction_kl": True,
+                                 "off_policy_mask_threshold": 0.05, "top_entropy_quantile": 0.5},
 }  # fmt: skip
 
 

@@ -119,8 +119,10 @@ def test_a_batch_with_no_advantage_takes_its_usual_step_without_a_forward(model)
         assert torch.allclose(updates[1][name], delta, atol=1e-7), name
 
 
-def test_only_built_in_losses_without_kl_are_marked_inert():
+def test_only_built_in_losses_without_kl_or_an_entropy_share_are_marked_inert():
     assert not builtin_loss(dataclasses.replace(AlgorithmConfig(), kl_coef=0.1), max_tokens=8).zero_advantage_inert
+    # (the entropy quantile is taken over every row's tokens: a row left out would move it)
+    assert not builtin_loss(AlgorithmConfig(top_entropy_quantile=0.2), max_tokens=8).zero_advantage_inert
     assert not LiveCode("loss", "loss", "def loss(*a): ...", "cell").zero_advantage_inert
 
 
