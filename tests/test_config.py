@@ -39,8 +39,8 @@ def test_invalid_value_names_the_field():
         Config().updated({"lr": "fast"})
     with pytest.raises(ConfigError, match=r"engine.top_p must be in \(0, 1\]"):
         Config().updated({"top_p": 0.0})
-    with pytest.raises(ConfigError, match=r"algorithm.top_entropy_quantile is the share of tokens.*got 0"):
-        Config().updated({"top_entropy_quantile": 0})
+    with pytest.raises(ConfigError, match=r"algorithm.top_entropy_quantile is the share of tokens.*got 1.5"):
+        Config().updated({"top_entropy_quantile": 1.5})
 
 
 def test_missing_model_directory_names_the_path(tmp_path: Path):

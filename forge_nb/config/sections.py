@@ -220,10 +220,10 @@ class AlgorithmConfig:
             _at_least("algorithm.off_policy_mask", self.off_policy_mask, 0.0)
         if self.clip_delta and self.loss in UNCLIPPED:
             raise ConfigError(f"algorithm.clip_delta caps a clipped loss's ratio; loss {self.loss!r} clips none")
-        if not 0 < self.top_entropy_quantile <= 1:
+        if not 0 <= self.top_entropy_quantile <= 1:
             raise ConfigError(
                 "algorithm.top_entropy_quantile is the share of tokens, by entropy, that keep their policy term: "
-                f"in (0, 1] (the paper's 0.2; 1.0: off), got {self.top_entropy_quantile}"
+                f"in [0, 1] (the paper's 0.2; 1.0: off), got {self.top_entropy_quantile}"
             )
         _above_zero("algorithm.sapo_tau_pos", self.sapo_tau_pos)
         _above_zero("algorithm.sapo_tau_neg", self.sapo_tau_neg)

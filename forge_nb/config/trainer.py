@@ -27,7 +27,8 @@ class TrainerConfig:
     mixed_precision: str = "none"  # "none" or "bf16"
     cpu_offload: bool = False
     collective_timeout_s: float = 600.0
-    entropy: bool = True  # the policy-entropy metric: one more pass over each token's vocabulary (rl/entropy.py)
+    entropy: bool = True  # the policy-entropy metric: one more pass over each token's vocabulary (rl/entropy.py);
+    # computed anyway for a loss that takes `entropies` (algorithm.top_entropy_quantile)
 
     def validate(self) -> None:
         if self.micro_batch_tokens < 0:

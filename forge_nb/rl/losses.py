@@ -99,25 +99,29 @@ def off_policy_keep(
 
 
 def quantile(values: torch.Tensor, q: float) -> torch.Tensor:
-    """The `q` quantile of a 1-D tensor, linearly interpolated (``torch.quantile``'s default), at any size
-    (``torch.quantile`` refuses more than 2**24 values: a batch's tokens can be more)."""
+    """The `q` (in [0, 1]) quantile of a 1-D tensor, linearly interpolated (``torch.quantile``'s default), at any
+    size (``torch.quantile`` refuses more than 2**24 values: a batch's tokens can be more)."""
+    if not 0.0 <= q <= 1.0:
+        raise ValueError(f"a quantile is in [0, 1], got {q}")
     ordered = values.sort().values
     position = q * (len(ordered) - 1)
+    if abs(position - round(position)) < 1e-9:  # 0.05 * 20 is 1.0000000000000002: on the value, not past it
+        position = float(round(position))
     below = int(position)
     above = min(below + 1, len(ordered) - 1)
-    return ordered[below] + (ordered[above] - ordered[below]) * (position - below)
+    return torch.lerp(ordered[below], ordered[above], position - below)
 
 
 def high_entropy_mask(entropies: torch.Tensor, mask: torch.Tensor, top: float) -> torch.Tensor:
     """[B, T], 1 on the masked tokens whose entropy is at least the ``1 - top`` quantile of the masked tokens'
-    entropies (the top `top` share of them), 0 elsewhere; all 0 when the mask is empty (TRL's
+    entropies (the top `top` share of them; 0: the largest only), 0 elsewhere; all 0 when the mask is empty (TRL's
     `get_high_entropy_mask`)."""
     chosen = mask.bool()
-    values = entropies.detach()[chosen].float()
-    if values.numel() == 0:
+    values = entropies.detach().float()
+    if not bool(chosen.any()):
         return torch.zeros_like(mask)
-    threshold = quantile(values, 1.0 - top)
-    return ((entropies.detach() * mask >= threshold) & chosen).to(mask.dtype)
+    threshold = quantile(values[chosen], 1.0 - top)
+    return ((values * mask.float() >= threshold) & chosen).to(mask.dtype)
 
 
 @dataclass(frozen=True)

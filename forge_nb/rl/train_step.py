@@ -82,8 +82,8 @@ def policy_update(
     whose ratio, ``exp`` of their mean log-ratio, is outside, as TRL counts it); `response_length` and
     `response_length_max`, the policy tokens per sequence (a completion left out of the loss counted too).
     `with_entropy` False: no entropy (NaN), and no pass over the vocabulary for it, unless the loss names
-    ``entropies``: it gets the policy's per-token entropy of the whole batch [B, T] (detached; 0 on rows that
-    did not run), as it gets ``ref_logprobs``.
+    ``entropies``: it gets (a copy of) the policy's per-token entropy of the whole batch [B, T] (detached; 0 on
+    rows that did not run), as it gets ``ref_logprobs``, and the metric is reported then too.
 
     The loss always sees the whole batch: `loss_fn` runs once, on the logprobs of every row, with the
     whole batch's normaliser, whatever `split` says. Split over ranks and micro-batches (`rl.split`),
@@ -117,7 +117,7 @@ def policy_update(
     wanted = takes_entropies(loss_fn)
     entropies = torch.zeros_like(batch.old_logprobs) if with_entropy or wanted else None
     if wanted:
-        extra["entropies"] = entropies  # filled in, over every rank, before the loss runs
+        extra["entropies"] = entropies  # filled in (over every rank) before the loss runs, then a copy is passed
     passes = _one_pass if work.count == 1 else _two_passes
     loss, logprobs = passes(model, batch, work, ran, split, temperature, loss_fn, extra, check_loss, entropies)
     grad_norm = clip_gradients(model, max_grad_norm, split)
@@ -161,8 +161,7 @@ def _one_pass(model, batch, work, ran, split, temperature, loss_fn, extra, check
     (every rank's rows) before the loss runs."""
     rows = work.micro_batches[0] if work.micro_batches else None
     mine = _run(model, batch, rows, temperature, entropies)
-    if entropies is not None:
-        split.sum_across(entropies)
+    extra = _with_entropies(extra, entropies, split)
     values = torch.zeros_like(batch.old_logprobs)
     if rows is not None:
         values[rows] = mine.detach().to(values.dtype)
@@ -182,8 +181,7 @@ def _two_passes(model, batch, work, ran, split, temperature, loss_fn, extra, che
     `entropies` filled in (every rank's rows) by the first pass."""
     with torch.no_grad():
         full = _gathered(_pass(model, batch, work, temperature, entropies), batch, ran, split)
-        if entropies is not None:
-            split.sum_across(entropies)
+    extra = _with_entropies(extra, entropies, split)
     leaf = full.clone().requires_grad_(True)
     loss = check_loss(loss_fn(leaf, batch.old_logprobs, batch.advantages, batch.loss_mask, **extra))
     (grad,) = torch.autograd.grad(loss, leaf)
@@ -192,6 +190,15 @@ def _two_passes(model, batch, work, ran, split, temperature, loss_fn, extra, che
         lp = _run(model, batch, rows, temperature)
         (lp * (grad[rows] if rows is not None else 0.0)).sum().backward()
     return loss.detach(), full
+
+
+def _with_entropies(extra: dict, entropies: torch.Tensor | None, split: Split) -> dict:
+    """Every rank's rows of `entropies` summed into the whole batch's (in place, for the metric) -> the loss's
+    keyword arguments, with a copy of them if it takes them (what a loss does to its arguments stays there)."""
+    if entropies is None:
+        return extra
+    split.sum_across(entropies)
+    return {**extra, "entropies": entropies.clone()} if "entropies" in extra else extra
 
 
 @torch.no_grad()

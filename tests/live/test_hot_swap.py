@@ -144,7 +144,7 @@ def test_a_loss_that_names_entropies_gets_the_policys_per_token_entropy(s):
     v = s.set_loss(
         "from forge_nb.rl.losses import dapo_loss\n\n"
         "def loss(logprobs, old_logprobs, advantages, mask, entropies):\n"
-        "    assert entropies.shape == mask.shape and bool((entropies >= 0).all())\n"
+        "    assert entropies.shape == mask.shape and bool((entropies >= 0).all()) and (entropies * mask).sum() > 0\n"
         "    kept = {'entropies': entropies, 'top_entropy_quantile': 0.2}\n"
         "    return dapo_loss(logprobs, old_logprobs, advantages, mask, **kept)\n"
     )

@@ -206,11 +206,16 @@ def test_a_ratio_level_that_is_not_one_is_refused():
         grpo_loss(torch.zeros(1, 1), torch.zeros(1, 1), torch.ones(1), torch.ones(1, 1), ratio_level="chunk")
 
 
-def test_the_quantile_is_torchs_at_any_size():
+def test_the_quantile_is_torchs():
     g = torch.Generator().manual_seed(0)
-    values = torch.rand(1001, generator=g)
-    for q in (0.0, 0.2, 0.5, 0.8, 1.0):
-        assert torch.isclose(quantile(values, q), torch.quantile(values, q))
+    for n in (1, 2, 21, 1001):
+        values = torch.rand(n, generator=g)
+        values[: n // 5] = 0.0  # ties (a token the policy is sure of has entropy 0)
+        for q in (0.0, 0.05, 0.2, 0.5, 0.8, 0.95, 1.0):
+            assert torch.isclose(quantile(values, q), torch.quantile(values, q), rtol=1e-6, atol=0), (n, q)
+    assert quantile(torch.tensor([0.0] * 4 + [1.0] * 16 + [2.0]), 0.05) == 0  # 0.05 x 20 is 1 + 2e-16: on the 0
+    with pytest.raises(ValueError, match="a quantile is in"):
+        quantile(torch.ones(3), 1.5)
 
 
 def test_the_high_entropy_mask_keeps_the_top_share_of_the_masked_tokens():

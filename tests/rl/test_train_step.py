@@ -12,7 +12,9 @@ from forge_nb.live.builtin import builtin_loss
 from forge_nb.live.capture import LiveCode, compile_function
 from forge_nb.models import BUNDLED_MODEL
 from forge_nb.rl.batch import collate
+from forge_nb.rl.losses import grpo_loss, masked_mean
 from forge_nb.rl.prefix_batch import collate_prefix
+from forge_nb.rl.split import ONE_RANK, Split
 from forge_nb.rl.train_step import policy_update
 
 LOSSES = [
@@ -147,3 +149,24 @@ def test_each_loss_counts_its_own_clip():
     assert AlgorithmConfig(loss="grpo", clip_high=0.3).metric_clip == (0.2, 0.3)
     assert AlgorithmConfig(loss="cispo", rho_max=5.0).metric_clip == (1.0, 4.0)  # weights capped at 5, as TRL counts
     assert AlgorithmConfig(loss="sapo").metric_clip[1] == float("inf")  # no clip: 0
+
+
+@pytest.mark.parametrize("split", [ONE_RANK, Split(micro_batch_tokens=12)], ids=["one pass", "two passes"])
+def test_a_loss_that_names_entropies_gets_a_copy_of_the_whole_batchs_even_without_the_metric(model, split):
+    seen = []
+
+    def loss(logprobs, old_logprobs, advantages, mask, entropies):
+        seen.append(masked_mean(entropies, mask).item())
+        entropies.zero_()  # its own copy: the metric keeps the values
+        return grpo_loss(logprobs, old_logprobs, advantages, mask)
+
+    batch = _batch(model, [1.0, -1.0, 0.5, -0.5, 0.2, -0.2])
+    plain = compile_function(builtin_loss(AlgorithmConfig(), max_tokens=8))
+    sgd = lambda m: torch.optim.SGD(m.parameters(), lr=1.0)  # noqa: E731
+    trained = copy.deepcopy(model)
+    reference = policy_update(trained, sgd(trained), batch, plain, split=split, with_entropy=True)[0]
+    trained = copy.deepcopy(model)
+    metrics = policy_update(trained, sgd(trained), batch, loss, split=split, with_entropy=False)[0]
+    assert metrics["micro_batches"] == reference["micro_batches"] == (1 if split is ONE_RANK else 6)
+    assert reference["entropy"] > 0 and seen == [pytest.approx(reference["entropy"], rel=1e-6)]
+    assert metrics["entropy"] == pytest.approx(reference["entropy"], rel=1e-6)
