@@ -56,9 +56,9 @@ def rollout(state: RunState, roles: Roles, problems: list[Problem] | None = None
     state.next_sample_id += len(episodes)
     reference = roles.reference_logprobs(episodes)  # the reference runs while the reward procs score
     ends = trajectory_ends(episodes)  # one per sample: a trajectory's earlier segments share its scores
-    score_s = score(state, roles, ends, own)
+    score_s, weights = score(state, roles, ends, own)
     reference_s = roles.attach_reference(episodes, reference)
-    advantages(state, ends, sampling.n)
+    advantages(state, ends, sampling.n, weights)
     share_with_segments(episodes)
     accuracy = sum(state.task.verify(e.completion, e.target) for e in ends) / len(ends)
     state.buffer.add(episodes)
@@ -89,25 +89,31 @@ def generate_agents(
     return episodes_of(trajectories, problems, state.next_sample_id), [own_reward(t) for t in trajectories]
 
 
-def score(state: RunState, roles: Roles, episodes: list[Episode], own: list[float | None] | None = None) -> float:
-    """The live reward set on every episode, in the reward procs -> seconds. A sample a reward failed
-    on keeps reward None and its error (also in `state.reward_errors`). A trajectory with a reward of
-    its own (`own`) trains on that; the live rewards' scores are kept beside it."""
-    start = time.perf_counter()
+def score(
+    state: RunState, roles: Roles, episodes: list[Episode], own: list[float | None] | None = None
+) -> tuple[float, dict[str, float]]:
+    """The live reward set on every episode, in the reward procs -> (seconds, each member's weight). A sample a
+    reward failed on keeps reward None and its error (also in `state.reward_errors`). A trajectory with a reward
+    of its own (`own`) trains on that; the live rewards' scores are kept beside it."""
+    start, weights = time.perf_counter(), {}
     for part, scores in roles.score(reward_batch(episodes, state.step_count)):
         state.reward_errors += pipeline.apply_scores(episodes[part], scores)
+        weights = scores.weights or weights
     for e, reward in zip(episodes, own or ()):
         if reward is not None and e.reward_error is None:
             e.rewards, e.reward = {**e.rewards, "rollout": reward}, reward
-    return time.perf_counter() - start
+    return time.perf_counter() - start, weights
 
 
-def advantages(state: RunState, episodes: list[Episode], group_size: int) -> None:
-    """DAPO's overlong penalty (if `algorithm.overlong_cache`), then group-relative advantages."""
+def advantages(state: RunState, episodes: list[Episode], group_size: int, weights: dict[str, float]) -> None:
+    """DAPO's overlong penalty (if `algorithm.overlong_cache`), then group-relative advantages: of the weighted
+    sum of the members' scores, or (``algorithm.reward_aggregation="normalize_then_sum"``, GDPO) of each member's
+    (`weights`) on its own, then summed."""
     a = state.config.algorithm
     if a.overlong_cache:
         pipeline.add_overlong_penalty(episodes, state.config.engine.max_tokens, a.overlong_cache)
-    pipeline.assign_advantages(episodes, group_size, a.normalize_std, a.group_std == "sample", a.std_over)
+    decoupled = weights if a.reward_aggregation == "normalize_then_sum" else None
+    pipeline.assign_advantages(episodes, group_size, a.normalize_std, a.group_std == "sample", a.std_over, decoupled)
 
 
 def train(state: RunState, roles: Roles, batch: Rollout, loss_version: int) -> dict[str, Any]:

@@ -93,3 +93,23 @@ def test_the_trainer_answers_with_its_logprobs_only_when_a_rollout_log_keeps_the
     state.rollout_log = SimpleNamespace(append=logged.append)
     step.sync_step(state, roles, loss_version=0)
     assert roles.kept_logprobs == [False, True] and [b.step for b in logged] == [2]
+
+
+def test_gdpo_takes_the_members_weights_from_the_scores():
+    """With reward_aggregation="normalize_then_sum", each member is normalised in its group on its own, weighted
+    as the reward procs weighted it."""
+
+    class _TwoMembers(_Roles):
+        def score(self, batch):
+            components = {"big": [100.0 * (i // 2 % 2) for i in range(len(batch))]}
+            components["small"] = [float(i % 2) for i in range(len(batch))]
+            return [(slice(0, len(batch)), Scores.combine(components, {"big": 1.0, "small": 2.0}, {}, 1))]
+
+    advantages = {}
+    for aggregation in ("sum_then_normalize", "normalize_then_sum"):
+        state = _state()
+        state.config = Config().updated({"prompts_per_step": 1, "group_size": 4, "reward_aggregation": aggregation})
+        episodes = step.rollout(state, _TwoMembers(state)).episodes
+        advantages[aggregation] = [e.advantage for e in episodes]
+    plain, gdpo = advantages["sum_then_normalize"], advantages["normalize_then_sum"]
+    assert abs(plain[1] - plain[0]) < 0.05 < abs(gdpo[1] - gdpo[0])  # "small" counts only when normalised alone

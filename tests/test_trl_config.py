@@ -15,6 +15,10 @@ def test_trl_names_set_the_forge_nb_fields():
     a, e = c.algorithm, c.engine
     assert (a.group_size, e.max_tokens, a.lr, a.kl_coef, a.clip_eps) == (4, 32, 1e-5, 0.04, 0.1)
     assert (e.temperature, e.top_p, a.normalize_std, a.reward_weights) == (0.7, 0.9, False, [1.0, 0.5])
+    gdpo = Config.from_dict({"multi_objective_aggregation": "normalize_then_sum"}).algorithm
+    assert gdpo.reward_aggregation == "normalize_then_sum" and a.reward_aggregation == "sum_then_normalize"
+    with pytest.raises(ConfigError, match="algorithm.reward_aggregation must be one of"):
+        Config.from_dict({"multi_objective_aggregation": "sum"})
 
 
 @pytest.mark.parametrize(

@@ -167,6 +167,9 @@ class AlgorithmConfig:
     normalize_std: bool = True  # divide advantages by the std (of their group, or see std_over)
     group_std: str = "sample"  # "sample" (Bessel's n - 1, as TRL and verl) or "population" (n)
     std_over: str = "group"  # "batch": one std of the whole batch's rewards (Lite PPO; TRL's scale_rewards="batch")
+    # "normalize_then_sum" (GDPO): each reward member normalised in its group on its own, the weighted sum of those
+    # normalised over the batch (in place of normalize_std and std_over); "sum_then_normalize": the weighted sum's
+    reward_aggregation: str = "sum_then_normalize"
     dynamic_sampling: bool = False  # DAPO: leave groups whose rewards are all equal out of the train batch
     overlong_cache: int = 0  # DAPO soft overlong penalty over the last this-many tokens of engine.max_tokens (0: off)
     max_grad_norm: float = 1.0
@@ -207,6 +210,7 @@ class AlgorithmConfig:
         _choice("algorithm.loss", self.loss, tuple(LOSSES))
         _choice("algorithm.group_std", self.group_std, ("sample", "population"))
         _choice("algorithm.std_over", self.std_over, ("group", "batch"))
+        _choice("algorithm.reward_aggregation", self.reward_aggregation, ("sum_then_normalize", "normalize_then_sum"))
         _at_least("algorithm.clip_eps", self.clip_eps, 0.0)
         if self.clip_high is not None:
             _at_least("algorithm.clip_high", self.clip_high, 0.0)

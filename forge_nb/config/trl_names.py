@@ -29,6 +29,7 @@ ALIASES = {
     "loss_type": "algorithm.loss",
     "scale_rewards": "algorithm.normalize_std",
     "reward_weights": "algorithm.reward_weights",
+    "multi_objective_aggregation": "algorithm.reward_aggregation",
     "generation_batch_size": "algorithm.prompts_per_step",
     "importance_sampling_level": "algorithm.ratio_level",
     "delta": "algorithm.clip_delta",

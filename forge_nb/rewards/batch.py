@@ -121,6 +121,7 @@ class Scores:
     timed_out: bool = False  # a reward ran past its deadline: it may still be running where it was called
     judge: JudgeStats = field(default_factory=JudgeStats)
     judge_problems: dict[str, str] = field(default_factory=dict)
+    weights: dict[str, float] = field(default_factory=dict)  # each member's weight in `rewards` (for GDPO)
 
     @classmethod
     def combine(
@@ -137,4 +138,4 @@ class Scores:
             )
             for i in range(size)
         ]
-        return cls(rewards, errors, version, components)
+        return cls(rewards, errors, version, components, weights=dict(weights))

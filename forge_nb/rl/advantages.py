@@ -40,6 +40,38 @@ def group_relative(
     return centered / (_std(centered, count, unbiased, dim=1) + eps)
 
 
+def decoupled(
+    components: torch.Tensor, weights: torch.Tensor, eps: float = 1e-4, unbiased: bool = True
+) -> torch.Tensor:
+    """GDPO (Group reward-Decoupled normalization Policy Optimization; TRL's
+    ``multi_objective_aggregation="normalize_then_sum"``): components [P, G, K], each sample's score under each of K
+    rewards (NaN: none: that reward did not score it, or the sample failed), weights [K] -> advantages [P, G].
+
+    Each reward is normalised within each group on its own, ``(r_k - mean_group(r_k)) / (std_group(r_k) + eps)``
+    (over the samples it scored), so a reward with a wide range does not drown a narrow one and two rewards'
+    combinations that tie in their sum keep their difference; the weighted sum of those, then, is normalised over
+    the batch, ``(s - mean(s)) / (std(s) + eps)``. A sample no reward scored gets 0 and counts in no statistic.
+    `unbiased`: Bessel's n - 1 in each std (TRL's), where a std of a single value is undefined and its reward
+    adds nothing to that sample; else the population std."""
+    mean = torch.nanmean(components, dim=1, keepdim=True)
+    normalized = (components - mean) / (_nanstd(components, 1, unbiased) + eps)
+    scored = ~torch.isnan(components).all(dim=-1)
+    summed = torch.where(scored, (normalized * weights).nansum(dim=-1), torch.nan)
+    advantages = (summed - torch.nanmean(summed)) / (_nanstd(summed, None, unbiased) + eps)
+    return torch.nan_to_num(advantages, nan=0.0)
+
+
+def _nanstd(values: torch.Tensor, dim: int | None, unbiased: bool) -> torch.Tensor:
+    """The std over `dim` (None: all) of the values that are not NaN (kept dims); NaN for fewer than 2 of them
+    when `unbiased`, or none."""
+    keep = dim is not None
+    mean = torch.nanmean(values, dim=dim, keepdim=keep)
+    count = (~torch.isnan(values)).sum(dim=dim, keepdim=keep)
+    squares = torch.nansum((values - mean) ** 2, dim=dim, keepdim=keep)
+    dof = count - 1 if unbiased else count
+    return torch.where(dof > 0, squares / dof.clamp(min=1), torch.nan).sqrt()
+
+
 def _std(deviations: torch.Tensor, count: torch.Tensor, unbiased: bool, dim: int | None = None) -> torch.Tensor:
     """The std of `count` values (>= 1) from their `deviations` from their mean (0 where left out), summed over
     `dim` (None: all), with Bessel's n - 1 when `unbiased` (a single value: 0 / 1, not NaN)."""

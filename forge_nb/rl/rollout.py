@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from forge_nb.rewards.batch import RewardBatch, Scores
-from forge_nb.rl.advantages import group_relative, informative_groups, overlong_penalty
+from forge_nb.rl.advantages import decoupled, group_relative, informative_groups, overlong_penalty
 from forge_nb.rl.completion import Completion
 from forge_nb.rl.episode import Episode
 from forge_nb.tasks.base import Problem
@@ -203,17 +203,44 @@ def assign_advantages(
     normalize_std: bool = True,
     unbiased_std: bool = True,
     std_over: str = "group",
+    weights: dict[str, float] | None = None,
 ) -> None:
     """Group-relative advantages over consecutive groups of `group_size` episodes (prompt-major
     order). Episodes whose reward failed get advantage 0 and do not count in their group (nor in the
-    batch's std with ``std_over="batch"``)."""
+    batch's std with ``std_over="batch"``). With the members' `weights` (`Scores.weights`), GDPO's: each
+    reward normalised in its group on its own, then summed (`decoupled`, `reward_components`), in place of
+    `normalize_std` and `std_over`."""
     groups = len(episodes) // group_size
-    valid = torch.tensor([e.reward_error is None for e in episodes]).view(groups, group_size)
-    rewards = torch.tensor([e.reward for e in episodes]).view(groups, group_size)
-    advantages = group_relative(rewards, normalize_std, valid=valid, unbiased=unbiased_std, std_over=std_over)
+    if weights is not None:
+        names, components = reward_components(episodes, weights)
+        scale = torch.tensor([weights.get(n, 1.0) for n in names])
+        advantages = decoupled(components.view(groups, group_size, len(names)), scale, unbiased=unbiased_std)
+    else:
+        valid = torch.tensor([e.reward_error is None for e in episodes]).view(groups, group_size)
+        rewards = torch.tensor([e.reward for e in episodes]).view(groups, group_size)
+        advantages = group_relative(rewards, normalize_std, valid=valid, unbiased=unbiased_std, std_over=std_over)
     advantages = advantages.flatten().tolist()
     for e, a in zip(episodes, advantages):
         e.advantage = a
+
+
+def reward_components(episodes: Sequence[Episode], weights: dict[str, float]) -> tuple[list[str], torch.Tensor]:
+    """Each episode's score under each reward it was trained on -> (the names, [N, K], NaN where none): the
+    live members of nonzero weight (`weights`), or a trajectory's own reward ("rollout", which replaces them,
+    as in `Episode.reward`), and DAPO's overlong penalty ("overlong", weight 1), each a reward of its own. A
+    sample whose reward failed has none."""
+    extra = [n for n in ("rollout", "overlong") if any(n in e.rewards for e in episodes)]
+    names = [n for n, w in weights.items() if w != 0] + extra
+    rows = []
+    for e in episodes:
+        own = "rollout" in e.rewards  # its members' scores are kept beside it, not trained on
+        rows.append(
+            [
+                math.nan if e.reward_error is not None or (own and n in weights) else e.rewards.get(n, math.nan)
+                for n in names
+            ]
+        )
+    return names, torch.tensor(rows, dtype=torch.float64).reshape(len(episodes), len(names))
 
 
 def train_subset(episodes: Sequence[Episode], dynamic_sampling: bool = False) -> list[Episode]:

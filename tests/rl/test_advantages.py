@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from forge_nb.rl.advantages import group_relative
+from forge_nb.rl.advantages import decoupled, group_relative
 
 
 def test_group_relative_by_hand():
@@ -69,3 +69,33 @@ def test_batch_std_leaves_failed_rewards_out():
     out = group_relative(rewards, eps=0.0, valid=valid, unbiased=True, std_over="batch")
     std = torch.tensor([1.0, 0.0, 3.0]).std()
     assert torch.allclose(out, torch.tensor([[0.5 / std, -0.5 / std], [0.0, 0.0]]))
+
+
+def test_gdpo_is_trls_normalize_then_sum():
+    """TRL's own expression for multi_objective_aggregation="normalize_then_sum" (its nanstd), with rewards that
+    did not score a sample (NaN), one that scored a single sample of a group, and a sample nothing scored."""
+    nanstd = pytest.importorskip("trl.trainer.utils").nanstd
+    torch.manual_seed(0)
+    P, G, K = 3, 4, 3
+    components = torch.rand(P, G, K)
+    components[0, 1, 1] = components[1, 2, :] = components[2, :, 0] = float("nan")
+    components[2, 1:, 2] = float("nan")  # the third reward scored one sample of the last group
+    weights = torch.tensor([1.0, 0.5, 2.0])
+    mean_k = torch.nanmean(components, dim=1, keepdim=True)
+    reward_k = ((components - mean_k) / (nanstd(components, dim=1, keepdim=True) + 1e-4)).view(-1, K)
+    rewards = (reward_k * weights.unsqueeze(0)).nansum(dim=1)
+    rewards[torch.isnan(components.view(-1, K)).all(dim=1)] = torch.nan
+    trl = torch.nan_to_num((rewards - torch.nanmean(rewards)) / (nanstd(rewards) + 1e-4), nan=0.0).view(P, G)
+    assert torch.allclose(decoupled(components, weights), trl, atol=1e-6)
+    assert decoupled(components, weights)[1, 2] == 0  # scored by none
+
+
+def test_gdpo_keeps_a_narrow_reward_from_drowning_in_a_wide_one():
+    """A correctness reward of 0 or 100 beside a format reward of 0 or 1: summed first, the format barely moves
+    an advantage; normalised first, each moves it as much."""
+    correct, formatted = torch.tensor([[0.0, 0.0, 100.0, 100.0]]), torch.tensor([[1.0, 0.0, 1.0, 0.0]])
+    summed = group_relative(correct + formatted, unbiased=True)
+    gdpo = decoupled(torch.stack([correct, formatted], dim=-1), torch.tensor([1.0, 1.0]))
+    assert (summed[0, 0] - summed[0, 1]).abs() < 0.03
+    format_gap, correct_gap = (gdpo[0, 0] - gdpo[0, 1]).item(), (gdpo[0, 2] - gdpo[0, 0]).item()
+    assert format_gap == pytest.approx(correct_gap, rel=1e-3) and format_gap > 1

@@ -3,8 +3,10 @@
 import math
 
 import pytest
+import torch
 
 from forge_nb.rewards.batch import Scores
+from forge_nb.rl.advantages import decoupled
 from forge_nb.rl.completion import Completion
 from forge_nb.rl.rollout import (
     EmptyTrainBatch,
@@ -13,6 +15,7 @@ from forge_nb.rl.rollout import (
     apply_scores,
     assign_advantages,
     make_episodes,
+    reward_components,
     train_subset,
 )
 from forge_nb.tasks.base import Problem
@@ -64,6 +67,28 @@ def test_scores_fill_rewards_and_a_failed_sample_gets_nan_and_an_error_record():
     expected = {"sample_id": 1, "reward_version": 3, "prompt": "<q>1+1=", "completion": "b"}
     expected["error"] = "exact: raised KeyError: 'x'"
     assert errors == [expected]
+    assert scores.weights == {"exact": 1.0, "fmt": 0.2}  # what the sums were weighted with, for GDPO
+
+
+def test_gdpo_advantages_normalise_each_member_its_own_reward_and_the_penalty_on_their_own():
+    """A failed sample counts in no member's statistics; a trajectory's own reward replaces the members' scores
+    (kept beside it) as it replaces their sum; the overlong penalty is a reward of its own, of weight 1; a member
+    of weight 0 is left out."""
+    episodes = make_episodes(PROBLEMS, TEXTS, _completions([["a", "b", "c"], ["d", "e", "f"]], [[4, 6, 8]] * 2), 0, 0)
+    components = {"exact": [1.0, 0.0, 1.0, 0.0, None, 1.0], "fmt": [1.0, 1.0, 0.0, 0.5, 1.0, 0.0]}
+    components["off"] = [3.0] * 6
+    weights = {"exact": 1.0, "fmt": 0.5, "off": 0.0}
+    apply_scores(episodes, Scores.combine(components, weights, {4: "exact: failed"}, 1))
+    episodes[5].rewards, episodes[5].reward = {**episodes[5].rewards, "rollout": 0.25}, 0.25
+    add_overlong_penalty(episodes, max_tokens=8, cache=4)
+    names, table = reward_components(episodes, weights)
+    assert names == ["exact", "fmt", "rollout", "overlong"]
+    assert table[4].isnan().all() and table[5, :2].isnan().all() and table[5, 2] == 0.25
+    assert table[0].tolist()[:2] == [1.0, 1.0] and table[:, 3].nan_to_num().tolist() == [0, -0.5, -1, 0, 0, -1]
+    assign_advantages(episodes, 3, weights=weights)
+    expected = decoupled(table.view(2, 3, 4), torch.tensor([1.0, 0.5, 1.0, 1.0])).flatten()
+    assert [e.advantage for e in episodes] == pytest.approx(expected.tolist())
+    assert episodes[4].advantage == 0 and episodes[0].advantage != episodes[1].advantage
 
 
 def test_overlong_penalty_ramps_over_the_cache_and_keeps_the_raw_parts():
