@@ -24,7 +24,7 @@ def test_trl_names_set_the_forge_nb_fields():
 @pytest.mark.parametrize(
     ("loss_type", "loss", "token_level"),
     [("grpo", "grpo", False), ("bnpo", "grpo", True), ("dr_grpo", "dr_grpo", False), ("dapo", "dapo", False),
-     ("cispo", "cispo", False), ("sapo", "sapo", False)],
+     ("cispo", "cispo", False), ("sapo", "sapo", False), ("luspo", "luspo", False), ("vespo", "vespo", False)],
 )  # fmt: skip
 def test_each_trl_loss_type_is_the_forge_nb_loss_with_the_same_normalisation(loss_type, loss, token_level):
     a = Config.from_dict({"loss_type": loss_type}).algorithm
@@ -91,7 +91,7 @@ def test_num_iterations_and_steps_per_generation_are_epochs_and_mini_batches():
          r"algorithm\['group_size'\]=8"),
         ({"max_completion_length": 32, "engine.max_tokens": 16}, "disagrees with engine.max_tokens=16"),
         ({"loss_type": "bnpo", "token_level": False}, r"loss_type='bnpo' .*algorithm.token_level: True\) disagrees"),
-        ({"loss_type": "luspo"}, "loss_type='luspo' is not in forge_nb; it has 'grpo', 'bnpo'"),
+        ({"loss_type": "ppo"}, "loss_type='ppo' is not in forge_nb; it has 'grpo', 'bnpo'"),
         ({"importance_sampling_level": "chunk"}, "algorithm.ratio_level must be one of \\['token', 'sequence'\\]"),
         ({"delta": 0.5}, "algorithm.clip_delta caps the ratio: > 1"),
         ({"loss_type": "sapo", "delta": 4.0}, "clip_delta caps a clipped loss.s ratio; loss .sapo. clips none"),

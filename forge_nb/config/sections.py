@@ -144,7 +144,7 @@ class MeshConfig:
 
 
 DAPO_CLIP_HIGH = 0.28  # the DAPO paper's upper clip
-UNCLIPPED = ("cispo", "aipo", "sapo")  # built-in losses without a clip range (a capped weight, a gate)
+UNCLIPPED = ("cispo", "aipo", "sapo", "vespo")  # built-in losses without a clip range (a capped weight, a gate)
 
 
 @dataclass
@@ -163,6 +163,10 @@ class AlgorithmConfig:
     top_entropy_quantile: float = 1.0  # the policy term on the top this share of tokens by entropy only; 1.0: all
     sapo_tau_pos: float = 1.0  # SAPO's gate temperature where A > 0
     sapo_tau_neg: float = 1.05  # and where A <= 0
+    vespo_k_pos: float = 2.0  # VESPO's Gamma weight exp(lambda) w^k exp(-lambda w) of a sequence's ratio w, A >= 0
+    vespo_lambda_pos: float = 3.0
+    vespo_k_neg: float = 3.0  # and where A < 0
+    vespo_lambda_neg: float = 2.0
     mask_truncated: bool = False  # completions cut at engine.max_tokens get no loss (DAPO's overlong filter)
     normalize_std: bool = True  # divide advantages by the std (of their group, or see std_over)
     group_std: str = "sample"  # "sample" (Bessel's n - 1, as TRL and verl) or "population" (n)
@@ -193,10 +197,10 @@ class AlgorithmConfig:
     def metric_clip(self) -> tuple[float, float]:
         """(low, high) for the clip_fraction metric, which counts tokens whose ratio is below 1 - low with A < 0
         or above 1 + high with A > 0: the clip range of a clipped loss; CISPO's cap at rho_max (TRL's
-        cispo_clip_ratio: the weight is capped, the gradient kept); none for SAPO's gate (0)."""
+        cispo_clip_ratio: the weight is capped, the gradient kept); none for SAPO's gate and VESPO's weight (0)."""
         if self.loss in ("cispo", "aipo"):
             return 1.0, self.rho_max - 1.0
-        if self.loss == "sapo":
+        if self.loss in ("sapo", "vespo"):
             return 1.0, math.inf
         return self.clip_eps, self.upper_clip
 
@@ -231,6 +235,8 @@ class AlgorithmConfig:
             )
         _above_zero("algorithm.sapo_tau_pos", self.sapo_tau_pos)
         _above_zero("algorithm.sapo_tau_neg", self.sapo_tau_neg)
+        for name in ("vespo_k_pos", "vespo_lambda_pos", "vespo_k_neg", "vespo_lambda_neg"):
+            _at_least(f"algorithm.{name}", getattr(self, name), 0.0)
         _at_least("algorithm.overlong_cache", self.overlong_cache, 0)
         _at_least("algorithm.epochs", self.epochs, 1)
         _at_least("algorithm.mini_batches", self.mini_batches, 1)

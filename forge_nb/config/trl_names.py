@@ -49,6 +49,8 @@ LOSS_TYPES = {
     "dapo": {"algorithm.loss": "dapo"},  # mean over the batch's tokens, clip-higher
     "cispo": {"algorithm.loss": "cispo"},  # clipped (detached) weights x A x logprobs, mean over the batch's tokens
     "sapo": {"algorithm.loss": "sapo"},  # soft gate, mean per sequence, then over sequences
+    "luspo": {"algorithm.loss": "luspo"},  # clipped, summed per sequence, then the mean over sequences
+    "vespo": {"algorithm.loss": "vespo"},  # a Gamma weight of each sequence's ratio x A x logprobs, token mean
 }
 TRL_EPSILON = 0.2  # GRPOConfig's default epsilon
 #: TRL's scale_rewards -> (algorithm.normalize_std, algorithm.std_over).
@@ -99,7 +101,7 @@ def _convert(alias: str, value: Any, values: dict[str, Any]) -> dict[str, Any]:
         if value not in LOSS_TYPES:
             raise ConfigError(
                 f"loss_type={value!r} is not in forge_nb; it has 'grpo', 'bnpo' (grpo with token_level=True), "
-                "'dr_grpo', 'dapo', 'cispo' and 'sapo'; or write the loss in a cell (s.set_loss)"
+                "'dr_grpo', 'dapo', 'cispo', 'sapo', 'luspo' and 'vespo'; or write the loss in a cell (s.set_loss)"
             )
         if value == "cispo" and "epsilon_high" not in values:  # TRL caps CISPO's weights at epsilon_high or epsilon
             return {**LOSS_TYPES[value], "algorithm.rho_max": values.get("epsilon", TRL_EPSILON)}

@@ -28,142 +28,25 @@ brackets, computed the same way: `tests/rl/test_losses_vs_trl.py` runs TRL's own
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 
-
-def masked_mean(values: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
-    """Mean of `values` where `mask` is 1; 0 (not NaN) where the mask is empty."""
-    total = (values * mask).sum() if dim is None else (values * mask).sum(dim)
-    count = mask.sum() if dim is None else mask.sum(dim)
-    return total / count.clamp(min=1.0)
-
-
-def _per_row(advantages: torch.Tensor) -> torch.Tensor:
-    return advantages[:, None] if advantages.dim() == 1 else advantages  # [B, 1] or [B, T]
-
-
-def log_ratio(
-    logprobs: torch.Tensor, old_logprobs: torch.Tensor, mask: torch.Tensor | None = None, level: str = "token"
-) -> torch.Tensor:
-    """``logprobs - old_logprobs``: [B, T] per token (``level="token"``), or [B, 1] its mean over each sequence's
-    masked tokens (``"sequence"``, GSPO; 0 for an empty row)."""
-    diff = logprobs - old_logprobs
-    if level == "token":
-        return diff
-    if level != "sequence":
-        raise ValueError(f"ratio_level must be 'token' or 'sequence', got {level!r}")
-    if mask is None:
-        raise ValueError("ratio_level='sequence' needs the mask (the mean is over each sequence's own tokens)")
-    return masked_mean(diff, mask, dim=1)[:, None]
-
-
-def clipped_surrogate(
-    logprobs: torch.Tensor,
-    old_logprobs: torch.Tensor,
-    advantages: torch.Tensor,
-    low: float,
-    high: float,
-    mask: torch.Tensor | None = None,
-    ratio_level: str = "token",
-    delta: float = 0.0,
-) -> torch.Tensor:
-    """Per-token PPO/GRPO objective, negated -> [B, T] ([B, 1] at ``ratio_level="sequence"``, which needs `mask`):
-    ``ratio = exp(log_ratio)``; ``-min(min(ratio, delta) * A, clip(ratio, 1 - low, 1 + high) * A)`` (`delta` 0: no
-    cap on the first term)."""
-    adv = _per_row(advantages)
-    ratio = torch.exp(log_ratio(logprobs, old_logprobs, mask, ratio_level))
-    clipped = ratio.clamp(1.0 - low, 1.0 + high) * adv
-    if delta:
-        ratio = ratio.clamp(max=delta)
-    return -torch.minimum(ratio * adv, clipped)
-
-
-def off_policy_keep(
-    logprobs: torch.Tensor,
-    old_logprobs: torch.Tensor,
-    advantages: torch.Tensor,
-    mask: torch.Tensor,
-    threshold: float | None,
-) -> torch.Tensor | float:
-    """DeepSeek-V3.2's off-policy sequence mask [B, 1]: 0 for a sequence whose advantage is negative and whose mean
-    ``old_logprobs - logprobs`` (a k1 KL(behaviour || current), no gradient) over its tokens is above `threshold`;
-    1 elsewhere. `threshold` None: off (1.0)."""
-    if threshold is None:
-        return 1.0
-    kl = masked_mean(old_logprobs - logprobs.detach(), mask, dim=1)[:, None]
-    adv = _per_row(advantages)
-    return ((adv >= 0) | (kl <= threshold)).to(mask.dtype)
-
-
-def quantile(values: torch.Tensor, q: float) -> torch.Tensor:
-    """The `q` (in [0, 1]) quantile of a 1-D tensor, linearly interpolated (``torch.quantile``'s default), at any
-    size (``torch.quantile`` refuses more than 2**24 values: a batch's tokens can be more)."""
-    if not 0.0 <= q <= 1.0:
-        raise ValueError(f"a quantile is in [0, 1], got {q}")
-    ordered = values.sort().values
-    position = q * (len(ordered) - 1)
-    if abs(position - round(position)) < 1e-9:  # 0.05 * 20 is 1.0000000000000002: on the value, not past it
-        position = float(round(position))
-    below = int(position)
-    above = min(below + 1, len(ordered) - 1)
-    return torch.lerp(ordered[below], ordered[above], position - below)
-
-
-def high_entropy_mask(entropies: torch.Tensor, mask: torch.Tensor, top: float) -> torch.Tensor:
-    """[B, T], 1 on the masked tokens whose entropy is at least the ``1 - top`` quantile of the masked tokens'
-    entropies (the top `top` share of them; 0: the largest only), 0 elsewhere; all 0 when the mask is empty (TRL's
-    `get_high_entropy_mask`)."""
-    chosen = mask.bool()
-    values = entropies.detach().float()
-    if not bool(chosen.any()):
-        return torch.zeros_like(mask)
-    threshold = quantile(values[chosen], 1.0 - top)
-    return ((values * mask.float() >= threshold) & chosen).to(mask.dtype)
-
-
-@dataclass(frozen=True)
-class _Shared:
-    """The options every built-in loss takes after its own (the module docstring's)."""
-
-    ratio_level: str
-    off_policy_mask: float | None
-    ref_logprobs: torch.Tensor | None
-    beta: float
-    kl_unbiased: bool
-    entropies: torch.Tensor | None = None
-    top_entropy_quantile: float = 1.0
-
-
-def _terms(
-    per_token: torch.Tensor,
-    logprobs: torch.Tensor,
-    old_logprobs: torch.Tensor,
-    advantages: torch.Tensor,
-    mask: torch.Tensor,
-    shared: _Shared,
-) -> torch.Tensor:
-    """A loss's per-token terms [B, T] or [B, 1] x the off-policy mask x the high-entropy mask, plus `beta` x the
-    k3 KL to the reference per token [B, T] (in TRL's order), before the loss aggregates them its own way; with
-    `kl_unbiased`, that KL times the importance ratio (with its gradient: DeepSeek-V3.2's unbiased KL gradient)."""
-    per_token = per_token * off_policy_keep(logprobs, old_logprobs, advantages, mask, shared.off_policy_mask)
-    if shared.top_entropy_quantile < 1.0:
-        if shared.entropies is None:
-            raise ValueError(
-                f"top_entropy_quantile={shared.top_entropy_quantile} needs entropies (the policy's, per token: "
-                "name `entropies` in the loss's parameters and pass it on)"
-            )
-        per_token = per_token * high_entropy_mask(shared.entropies, mask, shared.top_entropy_quantile)
-    if not shared.beta:
-        return per_token
-    if shared.ref_logprobs is None:
-        raise ValueError(f"beta={shared.beta} needs ref_logprobs (the reference model's: algorithm.kl_coef > 0)")
-    penalty = kl_k3(logprobs, shared.ref_logprobs)
-    if shared.kl_unbiased:
-        penalty = penalty * torch.exp(log_ratio(logprobs, old_logprobs, mask, shared.ratio_level))
-    return per_token + shared.beta * penalty
+from forge_nb.rl.loss_terms import (  # noqa: F401 -- re-exported: loss cells import these from here
+    Shared,
+    clipped_surrogate,
+    high_entropy_mask,
+    kl_k3,
+    kl_penalty,
+    log_ratio,
+    masked_mean,
+    off_policy_keep,
+    per_row,
+    quantile,
+    terms,
+)
 
 
 def grpo_loss(
@@ -193,8 +76,8 @@ def grpo_loss(
     """
     high = clip_eps if clip_high is None else clip_high
     per_token = clipped_surrogate(logprobs, old_logprobs, advantages, clip_eps, high, mask, ratio_level, delta)
-    shared = _Shared(ratio_level, off_policy_mask, ref_logprobs, beta, kl_unbiased, entropies, top_entropy_quantile)
-    per_token = _terms(per_token, logprobs, old_logprobs, advantages, mask, shared)
+    shared = Shared(ratio_level, off_policy_mask, ref_logprobs, beta, kl_unbiased, entropies, top_entropy_quantile)
+    per_token = terms(per_token, logprobs, old_logprobs, advantages, mask, shared)
     if token_level:
         return masked_mean(per_token, mask)
     per_sequence = masked_mean(per_token, mask, dim=1)  # [B]
@@ -223,8 +106,8 @@ def dr_grpo_loss(
     length. Pair it with advantages that are not divided by the group std -> scalar."""
     high = clip_eps if clip_high is None else clip_high
     per_token = clipped_surrogate(logprobs, old_logprobs, advantages, clip_eps, high, mask, ratio_level, delta)
-    shared = _Shared(ratio_level, off_policy_mask, ref_logprobs, beta, kl_unbiased, entropies, top_entropy_quantile)
-    per_token = _terms(per_token, logprobs, old_logprobs, advantages, mask, shared)
+    shared = Shared(ratio_level, off_policy_mask, ref_logprobs, beta, kl_unbiased, entropies, top_entropy_quantile)
+    per_token = terms(per_token, logprobs, old_logprobs, advantages, mask, shared)
     return (per_token * mask).sum() / (mask.shape[0] * (max_tokens or mask.shape[1]))
 
 
@@ -248,8 +131,8 @@ def dapo_loss(
     every generated token of the batch -> scalar. Dynamic sampling and the overlong penalty live in
     `forge_nb.rl.advantages` (they act on groups and rewards, not on the loss)."""
     per_token = clipped_surrogate(logprobs, old_logprobs, advantages, clip_low, clip_high, mask, ratio_level, delta)
-    shared = _Shared(ratio_level, off_policy_mask, ref_logprobs, beta, kl_unbiased, entropies, top_entropy_quantile)
-    per_token = _terms(per_token, logprobs, old_logprobs, advantages, mask, shared)
+    shared = Shared(ratio_level, off_policy_mask, ref_logprobs, beta, kl_unbiased, entropies, top_entropy_quantile)
+    per_token = terms(per_token, logprobs, old_logprobs, advantages, mask, shared)
     return masked_mean(per_token, mask)
 
 
@@ -272,9 +155,9 @@ def cispo_loss(
     token keeps a gradient (a clipped ratio only caps its weight); TRL's ``loss_type="cispo"`` with
     ``epsilon_high=rho_max`` (ScaleRL recommends 5.0). The same loss as `aipo_loss`."""
     weight = torch.exp(log_ratio(logprobs, old_logprobs, mask, ratio_level)).clamp(max=rho_max).detach()
-    per_token = -weight * _per_row(advantages) * logprobs
-    shared = _Shared(ratio_level, off_policy_mask, ref_logprobs, beta, kl_unbiased, entropies, top_entropy_quantile)
-    per_token = _terms(per_token, logprobs, old_logprobs, advantages, mask, shared)
+    per_token = -weight * per_row(advantages) * logprobs
+    shared = Shared(ratio_level, off_policy_mask, ref_logprobs, beta, kl_unbiased, entropies, top_entropy_quantile)
+    per_token = terms(per_token, logprobs, old_logprobs, advantages, mask, shared)
     return masked_mean(per_token, mask)
 
 
@@ -297,27 +180,87 @@ def sapo_loss(
     ``-sigmoid(tau * (ratio - 1)) * 4 / tau * A`` per token, with `tau_pos` where A > 0 and `tau_neg` elsewhere
     (its gradient is the policy gradient at ratio 1 and fades as the ratio leaves it); mean over each sequence's
     tokens, then over sequences -> scalar (TRL's ``loss_type="sapo"``)."""
-    adv = _per_row(advantages)
+    adv = per_row(advantages)
     ratio = torch.exp(log_ratio(logprobs, old_logprobs, mask, ratio_level))
     tau = torch.where(adv > 0, tau_pos, tau_neg)
     per_token = -torch.sigmoid(tau * (ratio - 1.0)) * 4.0 / tau * adv
-    shared = _Shared(ratio_level, off_policy_mask, ref_logprobs, beta, kl_unbiased, entropies, top_entropy_quantile)
-    per_token = _terms(per_token, logprobs, old_logprobs, advantages, mask, shared)
+    shared = Shared(ratio_level, off_policy_mask, ref_logprobs, beta, kl_unbiased, entropies, top_entropy_quantile)
+    per_token = terms(per_token, logprobs, old_logprobs, advantages, mask, shared)
     return masked_mean(per_token, mask, dim=1).mean()
 
 
-def kl_k3(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
-    """Per-token k3 estimate of KL(policy || reference) [B, T]: ``exp(r) - r - 1`` with
-    ``r = ref_logprobs - logprobs``; non-negative, unbiased, low variance (Schulman's k3)."""
-    r = ref_logprobs - logprobs
-    return torch.exp(r) - r - 1.0
+def luspo_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    clip_eps: float = 0.2,
+    clip_high: float | None = None,
+    ratio_level: str = "token",
+    delta: float = 0.0,
+    off_policy_mask: float | None = None,
+    ref_logprobs: torch.Tensor | None = None,
+    beta: float = 0.0,
+    kl_unbiased: bool = False,
+    entropies: torch.Tensor | None = None,
+    top_entropy_quantile: float = 1.0,
+) -> torch.Tensor:
+    """LUSPO (Length-Unbiased Sequence Policy Optimization, arXiv 2602.05261): GRPO's clipped surrogate, summed
+    over each sequence's tokens (so a sequence counts by its length, not divided by it), then the mean over
+    sequences -> scalar; the paper's setting is GSPO's ratio (``ratio_level="sequence"``). TRL's
+    ``loss_type="luspo"``."""
+    high = clip_eps if clip_high is None else clip_high
+    per_token = clipped_surrogate(logprobs, old_logprobs, advantages, clip_eps, high, mask, ratio_level, delta)
+    shared = Shared(ratio_level, off_policy_mask, ref_logprobs, beta, kl_unbiased, entropies, top_entropy_quantile)
+    per_token = terms(per_token, logprobs, old_logprobs, advantages, mask, shared)
+    return (per_token * mask).sum(dim=1).mean()
 
 
-def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, mask: torch.Tensor, beta: float) -> torch.Tensor:
-    """`beta` x the k3 KL(policy || reference) [B, T], averaged per sequence then over sequences -> scalar
-    (0 for empty rows), for a loss cell. The built-in losses take ``ref_logprobs=, beta=`` instead, which
-    aggregates it with their own tokens (the same as this for grpo's per-sequence mean)."""
-    return beta * masked_mean(kl_k3(logprobs, ref_logprobs), mask, dim=1).mean()
+@torch.no_grad()
+def gamma_weights(
+    log_ratio_per_token: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    k: tuple[float, float] = (2.0, 3.0),
+    lam: tuple[float, float] = (3.0, 2.0),
+) -> torch.Tensor:
+    """VESPO's weight of each sequence [B, 1], no gradient: ``phi(w) = exp(lam) * w**k * exp(-lam * w)`` (1 at
+    w = 1), w the sequence's importance ratio (``exp`` of its summed log-ratio, each token's clamped to [-20, 20],
+    the sum to [log 1e-8, 20]); (k, lam) are ``k[0], lam[0]`` where A >= 0, ``k[1], lam[1]`` elsewhere."""
+    summed = torch.sum(log_ratio_per_token.clamp(-20.0, 20.0) * mask, dim=-1, keepdim=True)
+    log_w = summed.clamp(math.log(1e-8), 20.0)
+    positive = per_row(advantages) >= 0
+    k_seq = torch.where(positive, k[0], k[1])
+    lam_seq = torch.where(positive, lam[0], lam[1]).clamp(min=1e-4)
+    return torch.exp(lam_seq + k_seq * log_w - lam_seq * torch.exp(log_w)).nan_to_num(nan=0.0, posinf=0.0, neginf=0.0)
+
+
+def vespo_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    k_pos: float = 2.0,
+    lambda_pos: float = 3.0,
+    k_neg: float = 3.0,
+    lambda_neg: float = 2.0,
+    ratio_level: str = "token",
+    off_policy_mask: float | None = None,
+    ref_logprobs: torch.Tensor | None = None,
+    beta: float = 0.0,
+    kl_unbiased: bool = False,
+    entropies: torch.Tensor | None = None,
+    top_entropy_quantile: float = 1.0,
+) -> torch.Tensor:
+    """VESPO (Variational Sequence-Level Soft Policy Optimization, arXiv 2602.10693): no clip; each sequence's
+    policy gradient is scaled by a smooth, asymmetric Gamma-shaped weight of its importance ratio
+    (`gamma_weights`), ``-phi(w) * A * logprobs`` per token, the mean over the batch's tokens -> scalar. TRL's
+    ``loss_type="vespo"`` (`ratio_level` is for the unbiased KL term only: VESPO's ratio is its own)."""
+    phi = gamma_weights(logprobs - old_logprobs, advantages, mask, (k_pos, k_neg), (lambda_pos, lambda_neg))
+    per_token = -phi * per_row(advantages) * logprobs
+    shared = Shared(ratio_level, off_policy_mask, ref_logprobs, beta, kl_unbiased, entropies, top_entropy_quantile)
+    per_token = terms(per_token, logprobs, old_logprobs, advantages, mask, shared)
+    return masked_mean(per_token, mask)
 
 
 def aipo_loss(
@@ -351,7 +294,8 @@ class BuiltinLoss:
 _ENTROPY = {"top_entropy_quantile": "top_entropy_quantile"}
 _CLIPPED = {"ratio_level": "ratio_level", "delta": "clip_delta", "off_policy_mask": "off_policy_mask", **_ENTROPY}
 _WEIGHTED = {"ratio_level": "ratio_level", "off_policy_mask": "off_policy_mask", **_ENTROPY}
-_ASYMMETRIC = {"clip_high": "clip_high", **_CLIPPED}  # grpo's and dr_grpo's upper clip: written when it is set
+_ASYMMETRIC = {"clip_high": "clip_high", **_CLIPPED}  # grpo's, dr_grpo's, luspo's upper clip: when set
+_VESPO = ("k_pos", "lambda_pos", "k_neg", "lambda_neg")  # its Gamma weight's shapes: algorithm.vespo_<name>
 
 #: The built-in losses by `algorithm.loss` name; `forge_nb.live.builtin.builtin_loss` makes loss v0 from one.
 #: Dr.GRPO divides by B x engine.max_tokens (a constant), as the paper and TRL do. "aipo" is CISPO's loss (its
@@ -363,4 +307,6 @@ LOSSES: dict[str, BuiltinLoss] = {
     "cispo": BuiltinLoss(cispo_loss, {"rho_max": "rho_max"}, _WEIGHTED),
     "aipo": BuiltinLoss(cispo_loss, {"rho_max": "rho_max"}, _WEIGHTED),
     "sapo": BuiltinLoss(sapo_loss, {"tau_pos": "sapo_tau_pos", "tau_neg": "sapo_tau_neg"}, _WEIGHTED),
+    "luspo": BuiltinLoss(luspo_loss, {"clip_eps": "clip_eps"}, _ASYMMETRIC),
+    "vespo": BuiltinLoss(vespo_loss, {k: f"vespo_{k}" for k in _VESPO}, _WEIGHTED),
 }

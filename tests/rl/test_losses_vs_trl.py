@@ -50,6 +50,7 @@ def _trl_loss(values: dict, x: dict) -> tuple[float, torch.Tensor]:
         top_entropy_quantile=args.top_entropy_quantile,
         off_policy_mask_threshold=args.off_policy_mask_threshold,
         get_off_policy_mask=trl_grpo.GRPOTrainer.get_off_policy_mask,
+        get_gamma_weights=trl_grpo.GRPOTrainer.get_gamma_weights,
         importance_sampling_level=args.importance_sampling_level,
         beta=args.beta,
         args=args,
@@ -100,7 +101,7 @@ def _forge_nb_loss(values: dict, x: dict) -> tuple[float, torch.Tensor]:
     return loss.item(), logprobs.grad
 
 
-LOSS_TYPES = ["grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo"]
+LOSS_TYPES = ["grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vespo"]
 OPTIONS = {
     "plain": {},
     "gspo": {"importance_sampling_level": "sequence"},
@@ -128,7 +129,7 @@ def test_every_loss_type_and_option_is_trls_loss_and_gradient(loss_type, options
         assert torch.allclose(grad, trl_grad, rtol=1e-5, atol=1e-7), (seed, (grad - trl_grad).abs().max())
 
 
-@pytest.mark.parametrize("loss_type", ["grpo", "bnpo", "dr_grpo", "dapo"])
+@pytest.mark.parametrize("loss_type", ["grpo", "bnpo", "dr_grpo", "dapo", "luspo"])
 def test_intellect2_delta_caps_the_unclipped_ratio_as_trl_does(loss_type):
     values = {"loss_type": loss_type, "delta": 1.5, "epsilon_high": None}
     x = _tensors(7)
@@ -147,3 +148,13 @@ def test_sapo_temperatures_as_trl_sets_them():
     value, grad = _forge_nb_loss(values, x)
     assert value == pytest.approx(trl_value, rel=1e-5)
     assert torch.allclose(grad, trl_grad, rtol=1e-5, atol=1e-7)
+
+
+def test_vespo_shapes_as_trl_sets_them():
+    values = {"loss_type": "vespo", "vespo_k_pos": 1.5, "vespo_lambda_pos": 2.5, "vespo_k_neg": 4.0}
+    x = _tensors(13)
+    trl_value, trl_grad = _trl_loss(values, x)
+    value, grad = _forge_nb_loss(values, x)
+    assert value == pytest.approx(trl_value, rel=1e-5)
+    assert torch.allclose(grad, trl_grad, rtol=1e-5, atol=1e-7)
+    assert value != pytest.approx(_forge_nb_loss({"loss_type": "vespo"}, x)[0], rel=1e-3)  # they took effect
