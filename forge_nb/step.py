@@ -98,7 +98,7 @@ def score(
     start, weights = time.perf_counter(), {}
     for part, scores in roles.score(reward_batch(episodes, state.step_count)):
         state.reward_errors += pipeline.apply_scores(episodes[part], scores)
-        weights = scores.weights or weights
+        weights = {**weights, **scores.weights}  # (every shard scores under the one live set)
     for e, reward in zip(episodes, own or ()):
         if reward is not None and e.reward_error is None:
             e.rewards, e.reward = {**e.rewards, "rollout": reward}, reward
@@ -124,7 +124,9 @@ def train(state: RunState, roles: Roles, batch: Rollout, loss_version: int) -> d
     batch's first step, the steps before it were published: the batch is recorded as trained and the metrics
     carry ``loss_error``, which the step boundary raises (`raise_loss_error`), after the sync and the row."""
     try:
-        episodes = pipeline.train_subset(batch.episodes, state.config.algorithm.dynamic_sampling)
+        a = state.config.algorithm
+        decoupled = a.reward_aggregation == "normalize_then_sum"
+        episodes = pipeline.train_subset(batch.episodes, a.dynamic_sampling, decoupled)
     except EmptyTrainBatch as e:
         raise SessionError(f"forge_nb: {e}") from None
     staleness = state.versions.trained - batch.policy_version

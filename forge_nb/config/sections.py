@@ -172,7 +172,8 @@ class AlgorithmConfig:
     group_std: str = "sample"  # "sample" (Bessel's n - 1, as TRL and verl) or "population" (n)
     std_over: str = "group"  # "batch": one std of the whole batch's rewards (Lite PPO; TRL's scale_rewards="batch")
     # "normalize_then_sum" (GDPO): each reward member normalised in its group on its own, the weighted sum of those
-    # normalised over the batch (in place of normalize_std and std_over); "sum_then_normalize": the weighted sum's
+    # normalised over the batch (in place of normalize_std and std_over); "sum_then_normalize": the weighted sum
+    # normalised as normalize_std and std_over say (TRL's multi_objective_aggregation, and its default)
     reward_aggregation: str = "sum_then_normalize"
     dynamic_sampling: bool = False  # DAPO: leave groups whose rewards are all equal out of the train batch
     overlong_cache: int = 0  # DAPO soft overlong penalty over the last this-many tokens of engine.max_tokens (0: off)

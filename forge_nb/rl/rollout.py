@@ -8,7 +8,7 @@ and torch, tested without a mesh.
     batch = reward_batch(episodes, step)              # the columns the reward actors score, in shards
     errors = apply_scores(episodes[part], scores)     # each shard's `Scores` from the reward actors
     add_overlong_penalty(episodes, max_tokens, cache)  # DAPO, when configured
-    assign_advantages(episodes, group_size, normalize_std, unbiased_std)
+    assign_advantages(episodes, group_size, normalize_std, unbiased_std)  # weights=scores.weights: GDPO's
     train = train_subset(episodes, dynamic_sampling)   # what the trainer gets
 """
 
@@ -213,7 +213,7 @@ def assign_advantages(
     groups = len(episodes) // group_size
     if weights is not None:
         names, components = reward_components(episodes, weights)
-        scale = torch.tensor([weights.get(n, 1.0) for n in names])
+        scale = torch.tensor([weights.get(n, 1.0) if weights else 1.0 for n in names])
         advantages = decoupled(components.view(groups, group_size, len(names)), scale, unbiased=unbiased_std)
     else:
         valid = torch.tensor([e.reward_error is None for e in episodes]).view(groups, group_size)
@@ -228,8 +228,10 @@ def reward_components(episodes: Sequence[Episode], weights: dict[str, float]) ->
     """Each episode's score under each reward it was trained on -> (the names, [N, K], NaN where none): the
     live members of nonzero weight (`weights`), or a trajectory's own reward ("rollout", which replaces them,
     as in `Episode.reward`), and DAPO's overlong penalty ("overlong", weight 1), each a reward of its own. A
-    sample whose reward failed has none."""
+    sample whose reward failed has none. No `weights`: every member of the episodes' scores, weight 1."""
     extra = [n for n in ("rollout", "overlong") if any(n in e.rewards for e in episodes)]
+    if not weights:  # scores that did not say how they were weighted: each member its score, weight 1
+        weights = {n: 1.0 for e in episodes for n in e.rewards if n not in extra}
     names = [n for n, w in weights.items() if w != 0] + extra
     rows = []
     for e in episodes:
@@ -243,19 +245,23 @@ def reward_components(episodes: Sequence[Episode], weights: dict[str, float]) ->
     return names, torch.tensor(rows, dtype=torch.float64).reshape(len(episodes), len(names))
 
 
-def train_subset(episodes: Sequence[Episode], dynamic_sampling: bool = False) -> list[Episode]:
+def train_subset(episodes: Sequence[Episode], dynamic_sampling: bool = False, decoupled: bool = False) -> list[Episode]:
     """The episodes to train on: those that scored, minus the groups whose rewards are all equal
-    when `dynamic_sampling` (DAPO) is on. May be empty then; raises `EmptyTrainBatch` when no
+    when `dynamic_sampling` (DAPO) is on (`decoupled`, GDPO's advantages: whose every reward's scores are, as
+    two samples whose weighted sums tie can differ there). May be empty then; raises `EmptyTrainBatch` when no
     episode scored at all."""
     scored = [e for e in episodes if e.reward_error is None]
     if not scored:
         raise EmptyTrainBatch("every sample of this rollout failed its reward; nothing to train on")
     if not dynamic_sampling:
         return scored
-    groups: dict[int, list[float]] = {}
+    groups: dict[int, list] = {}
     for e in scored:
-        groups.setdefault(e.group_id, []).append(e.reward)
-    keep = {g for g, informative in zip(groups, _informative(list(groups.values()))) if informative}
+        groups.setdefault(e.group_id, []).append(tuple(sorted(e.rewards.items())) if decoupled else e.reward)
+    if decoupled:
+        keep = {g for g, scores in groups.items() if len(set(scores)) > 1}
+    else:
+        keep = {g for g, informative in zip(groups, _informative(list(groups.values()))) if informative}
     return [e for e in scored if e.group_id in keep]
 
 

@@ -134,3 +134,21 @@ def test_rollout_summary_and_table():
     assert rollout.num_tokens == 6 and rollout.tokens_per_s == 12.0
     assert rollout.summary()["samples"] == 3
     assert list(rollout.to_pandas().sample_id) == [10, 11, 12]
+
+
+def test_gdpo_keeps_a_group_whose_sums_tie_but_whose_rewards_differ_and_needs_no_weights():
+    """Dynamic sampling under GDPO asks whether any reward varies in the group, not the weighted sum; scores that
+    did not say their weights count each member once."""
+    episodes = make_episodes(PROBLEMS, TEXTS, _completions([["a", "b", "c"], ["d", "e", "f"]]), 0, 0)
+    components = {"x": [2.0, 0.0, 1.0, 1.0, 1.0, 1.0], "y": [0.0, 1.0, 0.5, 0.0, 0.0, 0.0]}
+    apply_scores(episodes, Scores.combine(components, {"x": 1.0, "y": 2.0}, {}, 1))
+    assert {e.reward for e in episodes[:3]} == {2.0}  # the first group's sums tie
+    assign_advantages(episodes, 3, weights={"x": 1.0, "y": 2.0})
+    assert episodes[0].advantage != 0
+    assert [e.group_id for e in train_subset(episodes, True, decoupled=True)] == [0, 0, 0]
+    assert train_subset(episodes, True) == []  # by the sums, both groups are flat
+    assign_advantages(episodes, 3, weights={})
+    names, table = reward_components(episodes, {})
+    assert names == ["x", "y"]
+    expected = decoupled(table.view(2, 3, 2), torch.tensor([1.0, 1.0])).flatten().tolist()
+    assert [e.advantage for e in episodes] == pytest.approx(expected) and episodes[0].advantage != 0
