@@ -39,7 +39,7 @@ class _Roles:
     def score(self, batch):
         self.calls.append("score")
         rewards = [float(i % 2) for i in range(len(batch))]
-        return [(slice(0, len(batch)), Scores(rewards))]
+        return [(slice(0, len(batch)), Scores(rewards, components={"reward": rewards}))]
 
     def train_step(self, episodes, keep_logprobs=True, mask_truncated=False):
         self.calls.append("train_step")

@@ -206,9 +206,10 @@ def assign_advantages(
     weights: dict[str, float] | None = None,
 ) -> None:
     """Group-relative advantages over consecutive groups of `group_size` episodes (prompt-major
-    order). Episodes whose reward failed get advantage 0 and do not count in their group (nor in the
-    batch's std with ``std_over="batch"``). With the members' `weights` (`Scores.weights`), GDPO's: each
-    reward normalised in its group on its own, then summed (`decoupled`, `reward_components`), in place of
+    order). Episodes whose reward failed, or that no reward scored (every member gave None: TRL's "unscorable",
+    whose weighted sum of nothing is 0), get advantage 0 and do not count in their group (nor in the batch's
+    std with ``std_over="batch"``). With the members' `weights` (`Scores.weights`), GDPO's: each reward
+    normalised in its group on its own, then summed (`decoupled`, `reward_components`), in place of
     `normalize_std` and `std_over`."""
     groups = len(episodes) // group_size
     if weights is not None:
@@ -216,7 +217,7 @@ def assign_advantages(
         scale = torch.tensor([weights.get(n, 1.0) if weights else 1.0 for n in names])
         advantages = decoupled(components.view(groups, group_size, len(names)), scale, unbiased=unbiased_std)
     else:
-        valid = torch.tensor([e.reward_error is None for e in episodes]).view(groups, group_size)
+        valid = torch.tensor([e.reward_error is None and bool(e.rewards) for e in episodes]).view(groups, group_size)
         rewards = torch.tensor([e.reward for e in episodes]).view(groups, group_size)
         advantages = group_relative(rewards, normalize_std, valid=valid, unbiased=unbiased_std, std_over=std_over)
     advantages = advantages.flatten().tolist()

@@ -152,3 +152,17 @@ def test_gdpo_keeps_a_group_whose_sums_tie_but_whose_rewards_differ_and_needs_no
     assert names == ["x", "y"]
     expected = decoupled(table.view(2, 3, 2), torch.tensor([1.0, 1.0])).flatten().tolist()
     assert [e.advantage for e in episodes] == pytest.approx(expected) and episodes[0].advantage != 0
+
+
+def test_a_sample_no_reward_scored_gets_no_advantage_and_does_not_count_in_its_group():
+    """Every member gave None ("no score for this sample", as TRL's accuracy_reward does): TRL's unscorable row.
+    Its weighted sum of nothing is 0, but it is not a 0 the policy earned."""
+    episodes = make_episodes(PROBLEMS[:1], TEXTS, _completions([["a", "b", "c", "d"]]), 0, 0)
+    components = {"accuracy": [1.0, 0.0, None, 0.0], "format": [None, None, None, 1.0]}
+    apply_scores(episodes, Scores.combine(components, {"accuracy": 1.0, "format": 0.5}, {}, 1))
+    assert episodes[2].reward == 0.0 and episodes[2].rewards == {}
+    assign_advantages(episodes, 4)
+    assert episodes[2].advantage == 0
+    rewards = torch.tensor([[1.0, 0.0, 0.5]])  # the other three, as TRL's nan-aware group statistics take them
+    expected = ((rewards - rewards.mean()) / (rewards.std() + 1e-6)).flatten().tolist()
+    assert [episodes[i].advantage for i in (0, 1, 3)] == pytest.approx(expected, rel=1e-5)
