@@ -77,10 +77,10 @@ def test_every_loss_of_the_family_trains_on_the_policy_tokens_of_trajectories(s)
     if s.config.engine_name() == "vllm":
         pytest.skip("the loss runs in the trainer, the same for both engines: checked on the torch engine")
     s.set_rollout(two_turns, tools=[calculator])
-    for name in LOSSES:
+    r = s.rollout()  # one batch of trajectories for every loss (each loss's ratios are then off 1 by the steps before)
+    for name in [n for n in LOSSES if n != "aipo"]:  # (aipo: cispo's older name, the same function)
         algorithm = dataclasses.replace(s.config.algorithm, loss=name)
         s.set_loss(builtin_loss(algorithm, s.config.engine.max_tokens))
-        r = s.rollout()
         before = s.checksums()["trainer"][1]
         m = s.train(r)
         assert m["tokens"] == sum(e.trained_tokens for e in r.episodes), name
