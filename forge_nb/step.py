@@ -112,7 +112,7 @@ def advantages(state: RunState, episodes: list[Episode], group_size: int, weight
     a = state.config.algorithm
     if a.overlong_cache:
         pipeline.add_overlong_penalty(episodes, state.config.engine.max_tokens, a.overlong_cache)
-    decoupled = weights if a.reward_aggregation == "normalize_then_sum" else None
+    decoupled = weights if a.normalize_each_reward else None
     pipeline.assign_advantages(episodes, group_size, a.normalize_std, a.group_std == "sample", a.std_over, decoupled)
 
 
@@ -125,8 +125,7 @@ def train(state: RunState, roles: Roles, batch: Rollout, loss_version: int) -> d
     carry ``loss_error``, which the step boundary raises (`raise_loss_error`), after the sync and the row."""
     try:
         a = state.config.algorithm
-        decoupled = a.reward_aggregation == "normalize_then_sum"
-        episodes = pipeline.train_subset(batch.episodes, a.dynamic_sampling, decoupled)
+        episodes = pipeline.train_subset(batch.episodes, a.dynamic_sampling, a.normalize_each_reward)
     except EmptyTrainBatch as e:
         raise SessionError(f"forge_nb: {e}") from None
     staleness = state.versions.trained - batch.policy_version

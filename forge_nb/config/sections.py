@@ -195,6 +195,11 @@ class AlgorithmConfig:
         return DAPO_CLIP_HIGH if self.loss == "dapo" else self.clip_eps
 
     @property
+    def normalize_each_reward(self) -> bool:
+        """GDPO's advantages (``reward_aggregation="normalize_then_sum"``): each reward normalised on its own."""
+        return self.reward_aggregation == "normalize_then_sum"
+
+    @property
     def metric_clip(self) -> tuple[float, float]:
         """(low, high) for the clip_fraction metric, which counts tokens whose ratio is below 1 - low with A < 0
         or above 1 + high with A > 0: the clip range of a clipped loss; CISPO's cap at rho_max (TRL's
@@ -236,7 +241,7 @@ class AlgorithmConfig:
             )
         _above_zero("algorithm.sapo_tau_pos", self.sapo_tau_pos)
         _above_zero("algorithm.sapo_tau_neg", self.sapo_tau_neg)
-        for name in ("vespo_k_pos", "vespo_lambda_pos", "vespo_k_neg", "vespo_lambda_neg"):
+        for name in LOSSES["vespo"].options.values():  # its Gamma weight's shapes
             _at_least(f"algorithm.{name}", getattr(self, name), 0.0)
         _at_least("algorithm.overlong_cache", self.overlong_cache, 0)
         _at_least("algorithm.epochs", self.epochs, 1)

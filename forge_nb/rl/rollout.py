@@ -214,7 +214,7 @@ def assign_advantages(
     groups = len(episodes) // group_size
     if weights is not None:
         names, components = reward_components(episodes, weights)
-        scale = torch.tensor([weights.get(n, 1.0) if weights else 1.0 for n in names])
+        scale = torch.tensor([weights.get(n, 1.0) for n in names])
         advantages = decoupled(components.view(groups, group_size, len(names)), scale, unbiased=unbiased_std)
     else:
         valid = torch.tensor([e.reward_error is None and bool(e.rewards) for e in episodes]).view(groups, group_size)

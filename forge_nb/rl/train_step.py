@@ -24,9 +24,8 @@ class NonFiniteGradient(FloatingPointError):
     """The loss's gradient is NaN or inf; no optimizer step was taken."""
 
 
-LossFn = Callable[
-    ..., torch.Tensor
-]  # (logprobs, old_logprobs, advantages, mask[, ref_logprobs][, entropies]) -> scalar
+# (logprobs, old_logprobs, advantages, mask[, ref_logprobs][, entropies]) -> scalar
+LossFn = Callable[..., torch.Tensor]
 
 
 def takes_ref(loss_fn: LossFn) -> bool:
