@@ -9,24 +9,55 @@ without the adapter's name, e.g. ``base_model.model.model.layers.0.self_attn.q_p
 
 from __future__ import annotations
 
+import dataclasses
+import math
+import zlib
 from pathlib import Path
 
 import torch
 
 from forge_nb.config.lora import LoraConfig
 from forge_nb.lora.targets import peft_config
+from forge_nb.parallel import fsdp, sharded_save
+from forge_nb.parallel.gang import Gang
 
 ADAPTER = "default"  # peft's name for the one adapter a model gets
 
 
 def wrap(model: torch.nn.Module, lora: LoraConfig, adapter_dir: str = "") -> torch.nn.Module:
     """`model` with a fresh adapter (B = 0: the model's outputs are unchanged), or the one saved in
-    `adapter_dir` (`save`), trainable; every base weight frozen."""
+    `adapter_dir` (`save`), trainable; every base weight frozen. The adapter is made on the CPU even when
+    the base weights are still on the meta device (a sharded trainer fills them later:
+    `parallel.sharded_load`). A fresh A is peft's default draw (kaiming-uniform with a = sqrt(5): uniform
+    in +-1/sqrt(in_features)) from a generator seeded with the parameter's name, so it is the same at any
+    number of ranks, on either path, whatever ran before."""
     import peft
 
     if adapter_dir:
-        return peft.PeftModel.from_pretrained(model, adapter_dir, is_trainable=True)
-    return peft.get_peft_model(model, peft_config(lora))
+        return peft.PeftModel.from_pretrained(model, adapter_dir, is_trainable=True, low_cpu_mem_usage=True)
+    wrapped = peft.get_peft_model(model, peft_config(lora), low_cpu_mem_usage=True)  # adapters on meta
+    _fresh_adapter(wrapped)
+    return wrapped
+
+
+@torch.no_grad()
+def _fresh_adapter(model: torch.nn.Module) -> None:
+    """Give every adapter parameter (on the meta device) its first values: A as peft draws it, B = 0, in
+    the dtype peft gives an adapter (the base's, float32 for a 16-bit base)."""
+    for name, param in list(model.named_parameters()):
+        if not param.is_meta or not param.requires_grad:
+            continue
+        if not name.endswith((f".lora_A.{ADAPTER}.weight", f".lora_B.{ADAPTER}.weight")):
+            raise ValueError(f"the fresh adapter has a parameter forge_nb cannot initialise: {name}")
+        owner, _, leaf = name.rpartition(".")
+        base = model.get_submodule(owner.split(".lora_")[0]).get_base_layer().weight
+        dtype = torch.float32 if base.dtype in (torch.float16, torch.bfloat16) else base.dtype
+        value = torch.zeros(param.shape, dtype=dtype)
+        if ".lora_A." in name:
+            seeded = torch.Generator().manual_seed(zlib.crc32(name.encode()))
+            bound = 1.0 / math.sqrt(param.shape[1])
+            value.uniform_(-bound, bound, generator=seeded)
+        model.get_submodule(owner).register_parameter(leaf, torch.nn.Parameter(value))
 
 
 def adapter_tensors(model: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
@@ -62,3 +93,50 @@ def _merged_copy(model: torch.nn.Module) -> torch.nn.Module:
     import copy
 
     return copy.deepcopy(model).merge_and_unload()
+
+
+def save_sharded(model: torch.nn.Module, gang: Gang, path: str | Path, merged: bool = False) -> None:
+    """`save` for an FSDP2-sharded model (a collective: every rank calls it): the adapter gathered (it is
+    small) and written by the leader in peft's format; with `merged`, the merged model at path/merged with
+    each rank writing its own rows of every weight (``W + scale * B @ A`` of a target's rows needs only
+    that B's rows: FSDP2 shards W and B alike along dim 0), nothing of the base gathered."""
+    gathered = {name: fsdp.whole(p.detach()).cpu() for name, p in model.named_parameters() if p.requires_grad}
+    if gang.leader:
+        model.save_pretrained(str(path), state_dict=gathered)
+    if merged:
+        _save_merged(model, gang, Path(path) / "merged", gathered)
+
+
+@torch.no_grad()
+def _save_merged(model: torch.nn.Module, gang: Gang, folder: Path, gathered: dict[str, torch.Tensor]) -> None:
+    import peft
+
+    base = model.get_base_model()
+    scales = {}  # a target's base weight name -> (B's name in `base`, A whole, scale)
+    for name, module in base.named_modules():
+        if isinstance(module, peft.tuners.lora.LoraLayer):
+            if module.fan_in_fan_out or module.use_dora.get(ADAPTER) or module.lora_bias.get(ADAPTER):
+                raise ValueError(f"{name}: only plain LoRA on nn.Linear is merged shard by shard")
+            a = gathered[f"base_model.model.{name}.lora_A.{ADAPTER}.weight"]
+            scales[f"{name}.base_layer.weight"] = (f"{name}.lora_B.{ADAPTER}.weight", a, module.scaling[ADAPTER])
+    tensors = dict(sharded_save.saved_tensors(base))
+    parts = []
+    for name, tensor in tensors.items():
+        if ".lora_" in name:
+            continue
+        piece = sharded_save.pieces([(name.replace(".base_layer.", "."), tensor)])[0]
+        if name in scales:
+            b_name, a, scale = scales[name]
+            b = sharded_save.pieces([(b_name, tensors[b_name])])[0]
+            if b.first_row != piece.first_row:
+                raise ValueError(
+                    f"{name}: its shard and its adapter's B start at rows {piece.first_row}, {b.first_row}"
+                )
+            # peft's merge: the delta in the adapter's dtype, added in place to the base weight's rows
+            merged_rows = piece.local.clone()
+            merged_rows += (b.local @ a.to(b.local.device)) * scale
+            piece = dataclasses.replace(piece, local=merged_rows)
+        parts.append(piece)
+    sharded_save.write_pieces(parts, gang, folder)
+    if gang.leader:
+        sharded_save.write_config(base, folder)

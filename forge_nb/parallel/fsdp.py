@@ -1,5 +1,6 @@
 """FSDP2 over a gang: each decoder block and the root sharded on the gang's device mesh (as torchtitan
-wraps its models), and whole tensors gathered back when a whole copy is needed (publish, save).
+wraps its models), and whole tensors gathered back when a whole copy is needed (a checksum, the HF files of
+a model loaded whole); a refresh and a save of a model made from its rows never gather (`sharded_save`).
 
 Gradients are summed over the ranks, never averaged: each rank back-propagates its own rows' part of
 the whole batch's loss (`rl.train_step.policy_update`), so their sum is the whole batch's gradient.

@@ -17,7 +17,7 @@ from transformers import AutoModelForCausalLM
 
 from forge_nb.config import LoraConfig, TrainerConfig
 from forge_nb.lora import adapter
-from forge_nb.parallel import fsdp, state
+from forge_nb.parallel import fsdp, sharded_load, sharded_save, state
 from forge_nb.parallel.device import resolve_device
 from forge_nb.parallel.gang import Gang
 from forge_nb.rl.batch import TrainBatch
@@ -50,23 +50,38 @@ class Policy:
     def __init__(self, spec: PolicySpec, gang: Gang) -> None:
         self.spec, self.gang = spec, gang
         self.device = resolve_device(spec.device)
-        model = AutoModelForCausalLM.from_pretrained(spec.source, dtype=getattr(torch, spec.dtype))
+        dtype = getattr(torch, spec.dtype)
+        model = None
+        if spec.sharded:  # each rank makes and reads only its shards (`parallel.sharded_load`)
+            on = torch.device("cpu") if spec.trainer.cpu_offload else self.device
+            model = sharded_load.build(spec.source, dtype, self._prepare, self._shard, self.device, on)
+        #: Made from its own rows of the weights files, and written back the same way (`save_pretrained`);
+        #: False: loaded whole (not sharded, or a directory whose tensors are not the model's own).
+        self.by_rows = model is not None
+        if model is None:
+            model = self._prepare(AutoModelForCausalLM.from_pretrained(spec.source, dtype=dtype))
+            if spec.sharded:
+                self._shard(model)
+            else:
+                _own_memory(model.to(self.device))
+        self.model = model
+        trainable = [p for p in model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(trainable, lr=spec.lr, weight_decay=0.0) if spec.lr is not None else None
+
+    def _prepare(self, model: torch.nn.Module) -> torch.nn.Module:
+        """The loaded (or still empty) model made what this policy trains: an adapter, frozen weights,
+        checkpointing."""
+        spec = self.spec
         if spec.lora is not None:
-            # A fresh adapter's A is random: the same on every rank and at any number of ranks (joining a
-            # device mesh moves torch's RNG: DTensor's seed tracker).
-            torch.manual_seed(0)
             model = adapter.wrap(model, spec.lora, spec.adapter_dir)
         if spec.lr is None:
             model.requires_grad_(False)
         if spec.trainer.activation_checkpointing and spec.lr is not None:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        if spec.sharded:
-            fsdp.shard(model, gang, spec.trainer.mixed_precision, spec.trainer.cpu_offload)
-        else:
-            _own_memory(model.to(self.device))
-        self.model = model
-        trainable = [p for p in model.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(trainable, lr=spec.lr, weight_decay=0.0) if spec.lr is not None else None
+        return model
+
+    def _shard(self, model: torch.nn.Module) -> torch.nn.Module:
+        return fsdp.shard(model, self.gang, self.spec.trainer.mixed_precision, self.spec.trainer.cpu_offload)
 
     @property
     def lora(self) -> bool:
@@ -157,7 +172,16 @@ class Policy:
 
     def save_pretrained(self, path: str | Path, merged: bool = False) -> None:
         """The policy as an HF directory at `path` (with LoRA: peft's adapter, and with `merged` the
-        merged model in path/merged), written by the leader from the whole weights."""
+        merged model in path/merged). Sharded: each rank writes its own rows, nothing is gathered
+        (`parallel.sharded_save`; with LoRA only the small adapter is); a model loaded whole is written by
+        the leader from a whole copy."""
+        if self.spec.sharded and self.by_rows:
+            fsdp.reshard(self.model)
+            if self.lora:
+                adapter.save_sharded(self.model, self.gang, path, merged=merged)
+            else:
+                sharded_save.write(self.model, self.gang, path)
+            return
         model = self.model if not self.spec.sharded else state.whole_copy(self.model, self.gang)
         if model is None:  # not the leader: it gave its shards
             return

@@ -1,5 +1,6 @@
 """A policy's training state on disk, each rank writing its own shards (`torch.distributed.checkpoint`),
-readable at any number of ranks; and a whole copy of a sharded model, on the leader, for HF files.
+readable at any number of ranks; and a whole copy of a sharded model, on the leader, for the HF files of a
+model that was loaded whole (one made from its rows writes them by rows: `sharded_save`).
 
 The saved state is the trainable weights and their AdamW state, keyed by parameter name (DCP's
 "FQN" state dicts), so a checkpoint written by 2 ranks loads into 1 or 4, or into a plain model, and
@@ -78,7 +79,12 @@ def whole_copy(model: nn.Module, gang: Gang) -> nn.Module | None:
     """A plain (unsharded) copy of `model` on the leader's CPU, from every rank's shards (a collective:
     every rank calls it) -> the copy on the leader, None elsewhere. Built on the meta device and given
     the gathered tensors, so it costs one copy of the weights, not an initialisation."""
-    gathered = {name: whole(t).cpu() for name, t in model.state_dict().items()}
+    gathered = {}
+    for name, tensor in model.state_dict().items():
+        full = whole(tensor)  # a collective: every rank takes part, only the leader keeps what it gathered
+        if gang.leader:
+            gathered[name] = full.cpu()
+        del full
     if not gang.leader:
         return None
     from transformers import AutoModelForCausalLM
