@@ -47,6 +47,13 @@ class Episode:
     segments: int = 1
 
     @property
+    def scored(self) -> bool:
+        """Whether a reward scored it: its reward did not fail, and some member gave a score (TRL's
+        "unscorable" sample, every member returning None, did not). Only scored samples are trained on and
+        counted in a reward mean."""
+        return self.reward_error is None and bool(self.rewards)
+
+    @property
     def trained_tokens(self) -> int:
         """Tokens the loss sees: the policy's own."""
         return len(self.completion_ids) if self.completion_mask is None else sum(self.completion_mask)

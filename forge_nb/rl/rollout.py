@@ -53,7 +53,10 @@ class Rollout:
 
     @property
     def mean_reward(self) -> float:
-        return sum(e.reward for e in self.episodes) / len(self.episodes)
+        """The mean reward of the samples a reward scored (`Episode.scored`; TRL's nanmean), NaN if none
+        was: a failed or unscorable sample's placeholder 0 would pull it down."""
+        rewards = [e.reward for e in self.episodes if e.scored]
+        return sum(rewards) / len(rewards) if rewards else math.nan
 
     @property
     def num_tokens(self) -> int:
@@ -217,7 +220,7 @@ def assign_advantages(
         scale = torch.tensor([weights.get(n, 1.0) for n in names])
         advantages = decoupled(components.view(groups, group_size, len(names)), scale, unbiased=unbiased_std)
     else:
-        valid = torch.tensor([e.reward_error is None and bool(e.rewards) for e in episodes]).view(groups, group_size)
+        valid = torch.tensor([e.scored for e in episodes]).view(groups, group_size)
         rewards = torch.tensor([e.reward for e in episodes]).view(groups, group_size)
         advantages = group_relative(rewards, normalize_std, valid=valid, unbiased=unbiased_std, std_over=std_over)
     advantages = advantages.flatten().tolist()

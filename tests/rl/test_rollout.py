@@ -136,6 +136,17 @@ def test_rollout_summary_and_table():
     assert list(rollout.to_pandas().sample_id) == [10, 11, 12]
 
 
+def test_mean_reward_counts_only_the_samples_a_reward_scored():
+    """A failed reward's sample and an unscorable one (every member gave None) carry a placeholder 0 that
+    is not a score: the mean is over the others (TRL's nanmean), NaN when none scored."""
+    episodes = _episodes([1.0, 0.5, 0.0], errors={2: "ValueError: bad"})
+    episodes[1].rewards, episodes[1].reward = {}, 0.0  # no member scored it
+    assert not episodes[1].scored and not episodes[2].scored and episodes[0].scored
+    assert Rollout(episodes, 1, 0.0, 1.0, 0.1).mean_reward == 1.0
+    failed = _episodes([0.0, 0.0, 0.0], errors={0: "a", 1: "b", 2: "c"})
+    assert math.isnan(Rollout(failed, 1, 0.0, 1.0, 0.1).mean_reward)
+
+
 def test_gdpo_keeps_a_group_whose_sums_tie_but_whose_rewards_differ_and_needs_no_weights():
     """Dynamic sampling under GDPO asks whether any reward varies in the group, not the weighted sum; scores that
     did not say their weights count each member once."""
