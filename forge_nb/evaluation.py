@@ -56,7 +56,7 @@ def evaluate(actors: Roles, state: RunState, max_tokens: int | None = None, gree
     seconds = time.perf_counter() - start
     for part, scores in actors.score(reward_batch(episodes, step)):
         apply_scores(episodes[part], scores)
-    scored = [x for x in episodes if x.reward_error is None]
+    scored = [x for x in episodes if x.scored]  # a failed or unscorable sample has no reward to average
     members = sorted({name for x in scored for name in x.rewards})
     correct = [float(task.verify(x.completion, x.target)) for x in episodes]
     result = {
@@ -66,7 +66,7 @@ def evaluate(actors: Roles, state: RunState, max_tokens: int | None = None, gree
         "eval_problems": len(problems),
         "eval_reward": _mean([x.reward for x in scored]),
         **{f"eval_reward/{m}": _mean([x.rewards[m] for x in scored if m in x.rewards]) for m in members},
-        "eval_failed": len(episodes) - len(scored),
+        "eval_failed": sum(x.reward_error is not None for x in episodes),
         "truncated": sum(x.finish_reason == "length" for x in episodes) / len(episodes),
         "eval_samples": len(episodes),
         "eval_greedy": float(e.greedy),

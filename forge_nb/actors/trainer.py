@@ -122,7 +122,7 @@ class Trainer(ForgeActor):
     """Holds one rank's `Policy` (the model, or its FSDP2 shards in a gang of `mesh.trainer_procs`
     procs, and the AdamW state of the trainable parameters: every weight, or the LoRA adapter's) and
     the live loss. Its policy version (batches trained, each one version; 0 = as loaded) is the one it published
-    last: `version`. Every rank publishes its own shards; rank 0 answers and writes whole files; every
+    last: `version`. Every rank publishes, loads and saves its own shards; rank 0 answers; every
     rank runs every call (each is a collective). With LoRA it is also the reference model: the base,
     adapter off."""
 

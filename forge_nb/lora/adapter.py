@@ -10,6 +10,7 @@ without the adapter's name, e.g. ``base_model.model.model.layers.0.self_attn.q_p
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import zlib
 from pathlib import Path
@@ -26,37 +27,48 @@ ADAPTER = "default"  # peft's name for the one adapter a model gets
 
 def wrap(model: torch.nn.Module, lora: LoraConfig, adapter_dir: str = "") -> torch.nn.Module:
     """`model` with a fresh adapter (B = 0: the model's outputs are unchanged), or the one saved in
-    `adapter_dir` (`save`), trainable; every base weight frozen. The adapter is made on the CPU even when
-    the base weights are still on the meta device (a sharded trainer fills them later:
-    `parallel.sharded_load`). A fresh A is peft's default draw (kaiming-uniform with a = sqrt(5): uniform
-    in +-1/sqrt(in_features)) from a generator seeded with the parameter's name, so it is the same at any
-    number of ranks, on either path, whatever ran before."""
+    `adapter_dir` (`save`), trainable; every base weight frozen. The adapter is made on the CPU, in the dtype
+    peft gives it (the base's; float32 for a 16-bit base), even when the base weights are still on the meta
+    device (a sharded trainer fills them later: `parallel.sharded_load`). A fresh A has peft's default
+    distribution (kaiming-uniform with a = sqrt(5): uniform in +-1/sqrt(in_features)), drawn in that dtype
+    from a generator seeded with the parameter's name: the same at any number of ranks, on either path,
+    whatever ran before."""
     import peft
+    from peft.utils import load_peft_weights
 
+    saved = None
+    config = peft_config(lora)
     if adapter_dir:
-        return peft.PeftModel.from_pretrained(model, adapter_dir, is_trainable=True, low_cpu_mem_usage=True)
-    wrapped = peft.get_peft_model(model, peft_config(lora), low_cpu_mem_usage=True)  # adapters on meta
-    _fresh_adapter(wrapped)
+        config = peft.PeftConfig.from_pretrained(adapter_dir)
+        config.inference_mode = False  # trainable, as from_pretrained(is_trainable=True) makes it
+        saved = load_peft_weights(adapter_dir, device="cpu")
+    wrapped = peft.get_peft_model(model, config, low_cpu_mem_usage=True)  # the adapter on the meta device
+    _adapter_values(wrapped, saved, adapter_dir)
     return wrapped
 
 
 @torch.no_grad()
-def _fresh_adapter(model: torch.nn.Module) -> None:
-    """Give every adapter parameter (on the meta device) its first values: A as peft draws it, B = 0, in
-    the dtype peft gives an adapter (the base's, float32 for a 16-bit base)."""
+def _adapter_values(model: torch.nn.Module, saved: dict[str, torch.Tensor] | None, adapter_dir: str) -> None:
+    """Give every adapter parameter (on the meta device) its values: the `saved` ones (peft's file names),
+    or fresh ones (A drawn, B = 0)."""
     for name, param in list(model.named_parameters()):
         if not param.is_meta or not param.requires_grad:
             continue
         if not name.endswith((f".lora_A.{ADAPTER}.weight", f".lora_B.{ADAPTER}.weight")):
-            raise ValueError(f"the fresh adapter has a parameter forge_nb cannot initialise: {name}")
+            raise ValueError(f"the adapter has a parameter forge_nb cannot initialise: {name}")
         owner, _, leaf = name.rpartition(".")
         base = model.get_submodule(owner.split(".lora_")[0]).get_base_layer().weight
         dtype = torch.float32 if base.dtype in (torch.float16, torch.bfloat16) else base.dtype
-        value = torch.zeros(param.shape, dtype=dtype)
-        if ".lora_A." in name:
-            seeded = torch.Generator().manual_seed(zlib.crc32(name.encode()))
-            bound = 1.0 / math.sqrt(param.shape[1])
-            value.uniform_(-bound, bound, generator=seeded)
+        if saved is not None:
+            key = name.replace(f".{ADAPTER}.", ".")
+            if key not in saved or tuple(saved[key].shape) != tuple(param.shape):
+                raise ValueError(f"{adapter_dir}: the saved adapter has no {key} of shape {tuple(param.shape)}")
+            value = saved[key].to(dtype)
+        else:
+            value = torch.zeros(param.shape, dtype=dtype)
+            if ".lora_A." in name:
+                seeded = torch.Generator().manual_seed(zlib.crc32(name.encode()))
+                value.uniform_(-1.0 / math.sqrt(param.shape[1]), 1.0 / math.sqrt(param.shape[1]), generator=seeded)
         model.get_submodule(owner).register_parameter(leaf, torch.nn.Parameter(value))
 
 
@@ -132,11 +144,16 @@ def _save_merged(model: torch.nn.Module, gang: Gang, folder: Path, gathered: dic
                 raise ValueError(
                     f"{name}: its shard and its adapter's B start at rows {piece.first_row}, {b.first_row}"
                 )
-            # peft's merge: the delta in the adapter's dtype, added in place to the base weight's rows
-            merged_rows = piece.local.clone()
-            merged_rows += (b.local @ a.to(b.local.device)) * scale
-            piece = dataclasses.replace(piece, local=merged_rows)
+            merged = functools.partial(_merged_rows, piece.local, b.local, a, scale)  # made as it is written
+            piece = dataclasses.replace(piece, local=merged)
         parts.append(piece)
-    sharded_save.write_pieces(parts, gang, folder)
-    if gang.leader:
-        sharded_save.write_config(base, folder)
+    sharded_save.write_pieces(parts, gang, folder, base)
+
+
+@torch.no_grad()
+def _merged_rows(rows: torch.Tensor, b: torch.Tensor, a: torch.Tensor, scale: float) -> torch.Tensor:
+    """A target's rows of ``W + scale * B @ A`` as peft's merge makes them: the delta in the adapter's dtype,
+    added in place to a copy of the base weight's rows."""
+    merged = rows.clone()
+    merged += (b @ a.to(b.device)) * scale
+    return merged

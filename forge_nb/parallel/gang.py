@@ -57,7 +57,7 @@ class Gang:
 
     @property
     def leader(self) -> bool:
-        """Rank 0: the one that answers for the gang, publishes its weights and writes whole files."""
+        """Rank 0: the one that answers for the gang and lays out the files the ranks write together."""
         return self.rank == 0
 
     @classmethod

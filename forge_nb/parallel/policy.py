@@ -3,7 +3,8 @@ its trainable parameters, and what runs through it (an update, logprobs, whole w
 
 Plain PyTorch: the trainer and reference actors hold a `Policy`, and so does a script or the GPU check.
 In a gang every rank holds the whole batch and runs the same calls in the same order (each one is a
-collective); rank 0 (`Gang.leader`) answers and writes whole files.
+collective); rank 0 (`Gang.leader`) answers. Every rank reads and writes its own rows of the model's files
+(`sharded_load`, `sharded_save`).
 """
 
 from __future__ import annotations

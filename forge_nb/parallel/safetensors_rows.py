@@ -194,18 +194,20 @@ def _file(name: str, tensors: list[Planned]) -> FileLayout:
     return FileLayout(name, prefix, starts, len(prefix) + offset)
 
 
-def create(folder: Path, files: list[FileLayout]) -> None:
-    """Each file at its full size with its header written (the leader does this before any rank writes),
-    and transformers' index when there are several."""
-    for f in files:
-        with open(folder / f.name, "wb") as out:
-            out.write(f.prefix)
-            out.truncate(f.size)
-    if len(files) > 1:
-        weight_map = {name: f.name for f in files for name in f.starts}
-        total = sum(f.size - len(f.prefix) for f in files)
-        index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
-        (folder / INDEX).write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
+def create(path: Path, file: FileLayout) -> None:
+    """`file` at `path`, at its full size with its header written (the leader does this before any rank
+    writes its rows)."""
+    with open(path, "wb") as out:
+        out.write(file.prefix)
+        out.truncate(file.size)
+
+
+def write_index(folder: Path, files: list[FileLayout]) -> None:
+    """transformers' index of several files (model.safetensors.index.json: which file holds each tensor)."""
+    weight_map = {name: f.name for f in files for name in f.starts}
+    total = sum(f.size - len(f.prefix) for f in files)
+    index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
+    (folder / INDEX).write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
 
 
 def write_at(fd: int, tensor: torch.Tensor, offset: int) -> None:

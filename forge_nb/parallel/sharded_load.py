@@ -7,14 +7,16 @@ is filled with its own rows of the weights files (`safetensors_rows`): a rank's 
 shards, not the model, and N ranks on one host read the model once between them, not N times.
 
 The same tensors as `from_pretrained` gives, bit for bit (the file's values, cast to the asked dtype as it
-casts them). Where the directory's tensors are not the model's own (no safetensors files; other names or
-shapes: transformers renames or fuses some models' weights when it loads them), `build` says so and the
-caller loads the model whole, as before.
+casts them; the persistent buffers it stores read from it too). Where the directory is not the model's own
+tensors as they are -- no safetensors files; other names or shapes, or tensors the model lacks (transformers
+renames or fuses some models' weights as it loads them); a quantization config; modules transformers keeps
+in float32 under a 16-bit dtype -- `build` says so and the caller loads the model whole, as before.
 """
 
 from __future__ import annotations
 
 import contextlib
+import re
 from collections.abc import Callable, Iterator
 
 import torch
@@ -66,44 +68,76 @@ def build(
     if stored is None:
         return None
     config = AutoConfig.from_pretrained(source)
+    if getattr(config, "quantization_config", None) is not None:  # transformers quantizes (or not) as it loads
+        return None
     with parameters_on_meta():
         model = AutoModelForCausalLM.from_config(config, dtype=dtype)
-    if not _same_tensors(model, stored):
+    if not _own_tensors(model, stored, dtype):
         return None
     with contextlib.suppress(OSError):  # the directory's own generation settings, as from_pretrained reads them
         model.generation_config = GenerationConfig.from_pretrained(source)
     model.config.name_or_path = source
     model.eval()  # as from_pretrained leaves it
     from_file = {id(p): name for name, p in model.named_parameters()}
+    state = set(model.state_dict())  # a persistent buffer is in the state dict: from_pretrained reads it
+    stored_buffers = {id(b): name for name, b in model.named_buffers() if name in state and name in stored}
     model = prepare(model)
     file_names = {name: from_file[id(p)] for name, p in model.named_parameters() if id(p) in from_file}
-    kept = {name: t for name, t in _tensors(model) if not t.is_meta}
-    missing = [name for name, t in _tensors(model) if t.is_meta and name not in file_names]
+    kept = {name: p for name, p in model.named_parameters() if not p.is_meta}
+    missing = [name for name, p in model.named_parameters() if p.is_meta and name not in file_names]
     if missing:
         raise ValueError(f"{missing[:3]} are on the meta device after preparing the model, and not in {source}")
+    buffers = [(module, n, b) for module in model.modules() for n, b in module._buffers.items() if b is not None]
     model = shard(model)
-    model.to_empty(device=params_device)
+    _to_empty(model, params_device)
     with RowReader(stored) as reader, torch.no_grad():
         for name, param in model.named_parameters():
             if name in kept:
                 _fill(param, _from_memory(kept[name]))
             else:
                 _fill(param, lambda start, dest, key=file_names[name]: reader.read_into(key, start, dest))
-        for module_name, module in model.named_modules():
-            for name, buffer in module._buffers.items():
-                if buffer is not None:
-                    full = f"{module_name}.{name}" if module_name else name
-                    module._buffers[name] = kept[full].to(device)
+        _restore_buffers(buffers, device, reader, stored_buffers)
     return model
 
 
-def _same_tensors(model: nn.Module, stored: dict[str, Stored]) -> bool:
-    """Whether every parameter of `model` is stored under its own name with its own shape."""
-    return all(name in stored and stored[name].shape == tuple(p.shape) for name, p in model.named_parameters())
+def _to_empty(model: nn.Module, device: torch.device) -> None:
+    """Memory for every parameter on `device`, uninitialised; each keeps its identity (a tie stays one tensor:
+    FSDP2's DTensors are swapped in place anyway, a plain parameter off the meta device would be replaced)."""
+    swap = torch.__future__.get_swap_module_params_on_conversion()
+    torch.__future__.set_swap_module_params_on_conversion(True)
+    try:
+        model.to_empty(device=device)
+    finally:
+        torch.__future__.set_swap_module_params_on_conversion(swap)
 
 
-def _tensors(model: nn.Module) -> list[tuple[str, torch.Tensor]]:
-    return [*model.named_parameters(), *model.named_buffers()]
+def _own_tensors(model: nn.Module, stored: dict[str, Stored], dtype: torch.dtype) -> bool:
+    """Whether `from_pretrained` would give `model` the stored tensors as they are: every parameter stored
+    under its own name and shape, every stored persistent buffer of its shape, nothing else stored but what
+    the model ignores on load, and no module it would keep in float32 while the rest is 16-bit."""
+    state = model.state_dict()  # parameters (a tied one under each name) and persistent buffers
+    if any(n not in stored or stored[n].shape != tuple(p.shape) for n, p in model.named_parameters()):
+        return False
+    if any(n in stored and stored[n].shape != tuple(t.shape) for n, t in state.items()):
+        return False
+    ignored = [re.compile(p) for p in getattr(model, "_keys_to_ignore_on_load_unexpected", None) or ()]
+    if any(n not in state and not any(p.search(n) for p in ignored) for n in stored):
+        return False
+    in_fp32 = [*(model._keep_in_fp32_modules or ()), *(getattr(model, "_keep_in_fp32_modules_strict", None) or ())]
+    return not (in_fp32 and dtype in (torch.float16, torch.bfloat16))
+
+
+def _restore_buffers(buffers: list, device: torch.device, reader: RowReader, stored: dict[int, str]) -> None:
+    """Put back every buffer `to_empty` emptied, on the compute `device` (one made in the model's
+    constructor keeps its value; a buffer two modules share stays one tensor), then read the persistent
+    ones the directory stores (`stored`: a buffer's id -> its name there) from it, as from_pretrained does."""
+    moved: dict[int, torch.Tensor] = {}
+    for module, name, buffer in buffers:
+        if id(buffer) not in moved:
+            moved[id(buffer)] = buffer.to(device)
+            if id(buffer) in stored:
+                reader.read_into(stored[id(buffer)], 0, moved[id(buffer)])
+        module._buffers[name] = moved[id(buffer)]
 
 
 def _from_memory(whole: torch.Tensor) -> Callable[[int, torch.Tensor], None]:

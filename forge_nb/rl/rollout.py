@@ -54,7 +54,7 @@ class Rollout:
     @property
     def mean_reward(self) -> float:
         """The mean reward of the samples a reward scored (`Episode.scored`; TRL's nanmean), NaN if none
-        was: a failed or unscorable sample's placeholder 0 would pull it down."""
+        was: a failed sample's reward is NaN and an unscorable one's a placeholder 0, neither a score."""
         rewards = [e.reward for e in self.episodes if e.scored]
         return sum(rewards) / len(rewards) if rewards else math.nan
 
@@ -189,9 +189,10 @@ def apply_scores(episodes: Sequence[Episode], scores: Scores) -> list[dict]:
 
 
 def add_overlong_penalty(episodes: Sequence[Episode], max_tokens: int, cache: int) -> None:
-    """DAPO soft overlong punishment added to the reward of every scored episode; it is kept in
+    """DAPO soft overlong punishment added to the reward of every scored episode (`Episode.scored`: not one
+    whose reward failed, nor one no member scored, which is not trained on); it is kept in
     `Episode.rewards["overlong"]` beside the members' scores."""
-    scored = [e for e in episodes if e.reward_error is None]
+    scored = [e for e in episodes if e.scored]
     if not scored:
         return
     penalty = overlong_penalty(torch.tensor([e.num_tokens for e in scored]), max_tokens, cache)

@@ -55,3 +55,20 @@ def test_the_adapter_off_is_the_base_model():
         assert torch.equal(model(IDS).logits, base(IDS).logits)
     with torch.no_grad():
         assert not torch.allclose(model(IDS).logits, base(IDS).logits)
+
+
+def test_a_saved_adapter_wraps_a_16_bit_base_in_float32_exactly_as_saved(tmp_path):
+    """Resuming (`adapter_dir`) gives the adapter the saved values, in float32 on a bfloat16 base as peft
+    gives it, not rounded through the base's dtype; a fresh adapter is drawn the same whatever ran before."""
+    model = _trained()
+    adapter.save(model, tmp_path / "a")
+    base = AutoModelForCausalLM.from_pretrained(BUNDLED_MODEL, dtype=torch.bfloat16)
+    resumed = adapter.wrap(base, LORA, str(tmp_path / "a"))
+    saved = dict(adapter.adapter_tensors(model))
+    for name, tensor in adapter.adapter_tensors(resumed):
+        assert tensor.dtype == torch.float32 and tensor.requires_grad and torch.equal(tensor, saved[name]), name
+    torch.manual_seed(123)  # the global seed plays no part
+    fresh = dict(adapter.adapter_tensors(adapter.wrap(AutoModelForCausalLM.from_pretrained(BUNDLED_MODEL), LORA)))
+    first = dict(adapter.adapter_tensors(adapter.wrap(AutoModelForCausalLM.from_pretrained(BUNDLED_MODEL), LORA)))
+    assert all(torch.equal(fresh[n], first[n]) for n in fresh)
+    assert all(bool((t == 0).all()) == (".lora_B." in n) for n, t in fresh.items())

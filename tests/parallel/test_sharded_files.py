@@ -36,10 +36,14 @@ def rank_work(rank: int, world: int, dirs: dict[str, str], out: str) -> dict:
     loss_fn = compile_function(builtin_loss(AlgorithmConfig(loss="grpo"), max_tokens=6))
     result = {}
     for case, source in dirs.items():
-        lora = LoraConfig(enabled=True, r=4, alpha=8.0) if case == "lora" else None
-        spec = PolicySpec(source, "float32", "cpu", 0, 1.0, TrainerConfig(), True, 5e-3, lora)
+        lora = LoraConfig(enabled=True, r=4, alpha=8.0) if case.startswith("lora") else None
+        resume = str(Path(out) / "lora") if case == "lora_resume" else ""  # what the "lora" case saved
+        spec = PolicySpec(source, "float32", "cpu", 0, 1.0, TrainerConfig(), True, 5e-3, lora, resume)
         policy = Policy(spec, gang)
         loaded = {n: t.clone() for n, t in fsdp.whole_tensors(policy.model.named_parameters())}
+        if resume:
+            result[case] = {"by_rows": policy.by_rows, "loaded": loaded}
+            continue
         policy.update(batches(1)[0], loss_fn, 1.0, check_loss_value, True)
         policy.save_pretrained(Path(out) / case, merged=True)
         if case == "bundled":
@@ -47,14 +51,35 @@ def rank_work(rank: int, world: int, dirs: dict[str, str], out: str) -> dict:
             sharded_save.write(policy.model, gang, Path(out) / "several_files", SMALL_FILES)
         trained = {n: t.clone() for n, t in fsdp.whole_tensors(policy.model.named_parameters())}
         result[case] = {"by_rows": policy.by_rows, "loaded": loaded, "trained": trained}
+        if case == "bundled":
+            result["failed_save"] = _save_failing_on_rank_1(policy, gang, Path(out) / case)
     return result
+
+
+def _save_failing_on_rank_1(policy, gang, folder: Path) -> str:
+    """Save again into `folder` (which holds a save) while rank 1's disk is full -> what this rank raised."""
+    import errno
+
+    from forge_nb.parallel import sharded_save
+
+    def disk_full(*args):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    kept, sharded_save.write_at = sharded_save.write_at, disk_full if gang.rank == 1 else sharded_save.write_at
+    try:
+        sharded_save.write(policy.model, gang, folder)
+    except OSError as e:
+        return str(e)
+    finally:
+        sharded_save.write_at = kept
+    return "no error"
 
 
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory) -> tuple[list[dict], Path, dict[str, str]]:
     models = tmp_path_factory.mktemp("models")
     dirs = {"bundled": str(BUNDLED_MODEL), "tied_bf16": str(models / "tied"), "bin": str(models / "bin")}
-    dirs["lora"] = str(BUNDLED_MODEL)
+    dirs["lora"] = dirs["lora_resume"] = str(BUNDLED_MODEL)
     config = LlamaConfig.from_pretrained(str(BUNDLED_MODEL))
     config.tie_word_embeddings = True
     torch.manual_seed(3)
@@ -138,3 +163,22 @@ def test_lora_at_two_ranks_writes_peft_adapter_and_the_merged_model_peft_makes(r
     expected = merged.state_dict()
     assert written.keys() == expected.keys()
     assert all(torch.equal(written[n], expected[n]) for n in expected)
+
+
+def test_lora_at_two_ranks_resumes_the_adapter_it_saved(ranks):
+    results, _, _ = ranks
+    for rank in results:
+        resumed, trained = rank["lora_resume"], rank["lora"]["trained"]
+        assert resumed["by_rows"]
+        assert resumed["loaded"].keys() == trained.keys()
+        assert all(torch.equal(resumed["loaded"][n], t) for n, t in trained.items())
+
+
+def test_a_save_that_fails_on_one_rank_fails_on_every_rank_and_keeps_the_earlier_save(ranks):
+    results, out, _ = ranks
+    assert "No space left on device" in results[1]["failed_save"]
+    assert "rank(s) [1] could not write its rows" in results[0]["failed_save"]
+    folder = out / "bundled"
+    assert not [p.name for p in folder.iterdir() if p.name.endswith(".partial")]
+    saved, trained = reference(str(folder)), results[0]["bundled"]["trained"]
+    assert all(torch.equal(saved[n], t) for n, t in trained.items())

@@ -101,6 +101,15 @@ def test_overlong_penalty_ramps_over_the_cache_and_keeps_the_raw_parts():
     assert episodes[1].rewards["reward"] == 1.0
 
 
+def test_an_unscorable_sample_gets_no_overlong_penalty_and_stays_unscored():
+    episodes = make_episodes(PROBLEMS[:1], TEXTS, _completions([["a", "b"]], [[9, 9]]), 0, 0)
+    values = [1.0, None]  # every member gave None for the second: TRL's "no score"
+    apply_scores(episodes, Scores(values, {}, components={"reward": values}))
+    add_overlong_penalty(episodes, max_tokens=8, cache=4)
+    assert episodes[0].rewards["overlong"] == -1.0 and "overlong" not in episodes[1].rewards
+    assert episodes[0].scored and not episodes[1].scored
+
+
 def test_advantages_are_relative_within_each_group_and_failed_samples_do_not_count():
     episodes = _episodes([1.0, 0.0, 0.0, 5.0, 5.0, 1.0], errors={5: "failed"})
     assign_advantages(episodes, group_size=3, normalize_std=False)
