@@ -1,6 +1,6 @@
 """`make gpu-check` here: without a GPU it says so and exits 0; its code runs end to end on the CPU (the same
-modules, tiny model: every row present, the FSDP2 row's first step equal to the plain one's, the refreshed
-weights the trainer's)."""
+modules, tiny model: every row present, the FSDP2 row's first step equal to the plain one's, its files
+loaded and saved by rows, the refreshed weights the trainer's)."""
 
 import subprocess
 import sys
@@ -25,6 +25,7 @@ def test_every_part_runs_on_the_cpu_with_a_tiny_model():
     rows = [line.split()[0] for line in run.stdout.splitlines() if line.split()[:1]]
     assert rows.count("trainer") == 6 and rows.count("generator") == 2 and "FAILED" not in rows
     assert "served == trainer's" in run.stdout
+    assert rows.count("files") == 2 and "by rows: True" in run.stdout and "saved == trainer's: True" in run.stdout
     fsdp = next(line for line in run.stdout.splitlines() if "FSDP2 x1, fp32" in line)
     ours, plain = fsdp.split("1st step: loss ")[1].split("; plain: ")
     assert ours.split(" grad ") == plain.split(", ")  # the same digits

@@ -8,6 +8,8 @@ size where GPU numbers mean something (`tools.bundled_model.random_model`: 1536 
 - trainer (`parallel.Policy`): a GRPO step on CUDA, plain and under FSDP2 at world size 1 (the same
   loss and gradient norm), FSDP2 with bf16 mixed precision, then micro-batches, then activation
   checkpointing: s/step, tokens/s, peak GPU memory;
+- files (`parallel.sharded_load`, `parallel.sharded_save`): the FSDP2 policy's load of the model directory
+  by rows into its GPU shards, and its save by rows from them (GB/s; the saved tensors equal the trainer's);
 - generator (`engines.TorchEngine` on CUDA): sampled tokens/s, and the sampled tokens' logprobs against
   the trainer's logprobs of the same tokens (same weights: the difference is kernels and dtype);
 - refresh (`weights.publish` -> `weights.refresh`, `gpu_check.refresh`): trainer to a generator in

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import tempfile
+import time
+from pathlib import Path
 
 import torch
 
@@ -37,27 +40,49 @@ def trainer_rows(model_dir: str, args: argparse.Namespace) -> list[Row]:
     ]
     rows, first = [], {}
     for what, trainer, sharded in settings:
-        row, first[what] = _trainer_row(model_dir, args, batch, what, trainer, gang if sharded else Gang())
-        rows.append(row)
+        row, first[what], files = _trainer_row(model_dir, args, batch, what, trainer, gang if sharded else Gang())
+        rows.extend([row, *files])
     (plain_loss, plain_grad), (loss, grad) = first["plain, fp32"], first["FSDP2 x1, fp32"]
     rows[1].check = f"1st step: loss {loss:.6f} grad {grad:.5f}; plain: {plain_loss:.6f}, {plain_grad:.5f}"
     gang.leave()
     return rows
 
 
-def _trainer_row(model_dir, args, batch, what, trainer, gang) -> tuple[Row, tuple[float, float]]:
-    """One setting: load, a first step (its loss and gradient norm), then timed steps -> (row, first step)."""
+def _trainer_row(model_dir, args, batch, what, trainer, gang) -> tuple[Row, tuple[float, float], list[Row]]:
+    """One setting: load, a first step (its loss and gradient norm), then timed steps -> (row, first step,
+    the files rows of the first sharded setting: `_files_rows`)."""
     spec = PolicySpec(model_dir, "float32", args.device, 0, 1.0, trainer, gang.mesh is not None, 1e-6)
+    start = time.perf_counter()
     policy = Policy(spec, gang)
+    loaded = time.perf_counter() - start
     step = grpo_step(policy, batch, args.completion_len)
     metrics = step()
     seconds, peak = measure(step, args.steps)
     tokens = len(batch.prompt_ids) * (args.prompt_len + args.completion_len)
     check = f"{metrics['micro_batches']} micro-batch(es), entropy {metrics['entropy']:.4f}"
     row = Row("trainer", what, seconds, tokens / seconds, "tok/s", peak, check)
+    files = _files_rows(policy, loaded) if what == "FSDP2 x1, fp32" else []
     del policy, step
     free()
-    return row, (metrics["loss"], metrics["grad_norm"])
+    return row, (metrics["loss"], metrics["grad_norm"]), files
+
+
+def _files_rows(policy: Policy, loaded: float) -> list[Row]:
+    """The sharded policy's HF directory in and out by rows (`parallel.sharded_load`, `sharded_save`): its
+    load into GPU shards, and its save from them, checked against the trainer's weights."""
+    from safetensors.torch import load_file
+
+    gb = sum(p.numel() * p.element_size() for p in policy.model.parameters()) / 1e9
+    with tempfile.TemporaryDirectory() as out:
+        start = time.perf_counter()
+        policy.save_pretrained(out)
+        saved = time.perf_counter() - start
+        files = load_file(Path(out) / "model.safetensors")
+        same = all(torch.equal(files[n], t.cpu()) for n, t in policy.whole_published())
+    return [
+        Row("files", "load by rows into GPU shards", loaded, gb / loaded, "GB/s", check=f"by rows: {policy.by_rows}"),
+        Row("files", "save by rows from GPU shards", saved, gb / saved, "GB/s", check=f"saved == trainer's: {same}"),
+    ]
 
 
 def generator_rows(model_dir: str, args: argparse.Namespace) -> list[Row]:
