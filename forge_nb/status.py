@@ -38,12 +38,14 @@ def session_status(
     }
 
 
-SIZES = ("lora", "trainable_params", "total_params", "adapter_bytes", "refresh_bytes")
+SIZES = ("lora", "trainable_params", "total_params", "adapter_bytes", "refresh_bytes", "loaded")
 
 
 def trainer_sizes(actors: Roles | None) -> dict[str, Any]:
     """What the trainer trains and ships: whether it is a LoRA adapter, trainable and total parameters,
-    the adapter's bytes (0 without LoRA) and the bytes one refresh moves (`Trainer.sizes`); {} when down."""
+    the adapter's bytes (0 without LoRA), the bytes one refresh moves (`Trainer.sizes`), and how it loaded
+    the model (`Policy.loaded`: "by rows", "whole", or "whole: <why>" for a gang that could not read its rows);
+    {} when down."""
     infos = actors.info.get("trainer") or [] if actors is not None else []
     details = infos[0].details if infos else {}
     sizes = {k: details[k] for k in SIZES if k in details}

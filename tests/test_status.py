@@ -15,8 +15,8 @@ def _actors(details: dict) -> SimpleNamespace:
 
 
 def test_trainer_sizes_come_from_the_trainers_answer_and_are_empty_when_down():
-    actors = _actors({**LORA, "refresh_bytes": 19_537_984})
-    assert trainer_sizes(actors) == {**LORA, "refresh_bytes": 19_537_984}
+    actors = _actors({**LORA, "refresh_bytes": 19_537_984, "loaded": "whole: a quantization config"})
+    assert trainer_sizes(actors) == {**LORA, "refresh_bytes": 19_537_984, "loaded": "whole: a quantization config"}
     assert trainer_sizes(None) == {} and sizes_line({}) == ""
 
 

@@ -155,7 +155,7 @@ class Trainer(ForgeActor):
         )
         self._group_spec: GroupSpec | None = None  # weights.transport "group": this rank's broadcast group
         self._group: GroupSender | None = None
-        self._ready(device=str(self.policy.device), lora=self.policy.lora, **self.sizes())
+        self._ready(device=str(self.policy.device), lora=self.policy.lora, loaded=self.policy.loaded, **self.sizes())
 
     def sizes(self) -> dict[str, int]:
         """Trainable and total parameters, the adapter's bytes (0 without LoRA), the bytes of this rank's

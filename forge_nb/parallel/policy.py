@@ -53,12 +53,17 @@ class Policy:
         self.device = resolve_device(spec.device)
         dtype = getattr(torch, spec.dtype)
         model = None
-        if spec.sharded:  # each rank makes and reads only its shards (`parallel.sharded_load`)
+        #: How this rank got its weights: "by rows" (its own rows of the files: `parallel.sharded_load`; it
+        #: writes them back the same way), "whole" (one proc), or "whole: <why>" (a sharded policy whose
+        #: directory cannot be read by rows: every rank loads the model, then keeps its shards).
+        self.loaded = "whole"
+        if spec.sharded:
             on = torch.device("cpu") if spec.trainer.cpu_offload else self.device
-            model = sharded_load.build(spec.source, dtype, self._prepare, self._shard, self.device, on)
-        #: Made from its own rows of the weights files, and written back the same way (`save_pretrained`);
-        #: False: loaded whole (not sharded, or a directory whose tensors are not the model's own).
-        self.by_rows = model is not None
+            try:
+                model = sharded_load.build(spec.source, dtype, self._prepare, self._shard, self.device, on)
+                self.loaded = "by rows"
+            except sharded_load.NotByRows as e:
+                self.loaded = f"whole: {e}"
         if model is None:
             model = self._prepare(AutoModelForCausalLM.from_pretrained(spec.source, dtype=dtype))
             if spec.sharded:
@@ -83,6 +88,10 @@ class Policy:
 
     def _shard(self, model: torch.nn.Module) -> torch.nn.Module:
         return fsdp.shard(model, self.gang, self.spec.trainer.mixed_precision, self.spec.trainer.cpu_offload)
+
+    @property
+    def by_rows(self) -> bool:
+        return self.loaded == "by rows"
 
     @property
     def lora(self) -> bool:

@@ -10,7 +10,7 @@ The same tensors as `from_pretrained` gives, bit for bit (the file's values, cas
 casts them; the persistent buffers it stores read from it too). Where the directory is not the model's own
 tensors as they are -- no safetensors files; other names or shapes, or tensors the model lacks (transformers
 renames or fuses some models' weights as it loads them); a quantization config; modules transformers keeps
-in float32 under a 16-bit dtype -- `build` says so and the caller loads the model whole, as before.
+in float32 under a 16-bit dtype -- `build` says why (`NotByRows`) and the caller loads the model whole.
 """
 
 from __future__ import annotations
@@ -49,6 +49,10 @@ def parameters_on_meta() -> Iterator[None]:
         nn.Module.register_parameter = register
 
 
+class NotByRows(Exception):  # noqa: N818 -- an answer, not a failure: the caller loads the model whole
+    """The directory cannot be read by rows (the message says why): load the model whole."""
+
+
 def build(
     source: str,
     dtype: torch.dtype,
@@ -56,24 +60,23 @@ def build(
     shard: Callable[[nn.Module], nn.Module],
     device: torch.device,
     params_device: torch.device,
-) -> nn.Module | None:
+) -> nn.Module:
     """The model in `source` (an HF directory) in `dtype`, `prepare`d, `shard`ed (FSDP2) and filled with
-    this rank's rows -> the model; None when the directory's tensors are not the model's own (see the
-    module docstring). `prepare` may add parameters of its own (a LoRA adapter); they must be real when
-    it returns. `params_device`: where the shards live (the CPU with FSDP2's CPU offload), `device`: where
-    the model computes (its buffers)."""
+    this rank's rows -> the model. Raises `NotByRows` (why) when the directory is not the model's own tensors
+    as they are (see the module docstring). `prepare` may add parameters of its own (a LoRA adapter); they
+    must be real when it returns. `params_device`: where the shards live (the CPU with FSDP2's CPU offload),
+    `device`: where the model computes (its buffers)."""
     from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
 
     stored = stored_tensors(source)
     if stored is None:
-        return None
+        raise NotByRows("no safetensors files (or a dtype they hold that torch has no name for)")
     config = AutoConfig.from_pretrained(source)
-    if getattr(config, "quantization_config", None) is not None:  # transformers quantizes (or not) as it loads
-        return None
+    if getattr(config, "quantization_config", None) is not None:
+        raise NotByRows("a quantization config: transformers quantizes (or dequantizes) the weights as it loads them")
     with parameters_on_meta():
         model = AutoModelForCausalLM.from_config(config, dtype=dtype)
-    if not _own_tensors(model, stored, dtype):
-        return None
+    _check_own_tensors(model, stored, dtype)
     with contextlib.suppress(OSError):  # the directory's own generation settings, as from_pretrained reads them
         model.generation_config = GenerationConfig.from_pretrained(source)
     model.config.name_or_path = source
@@ -111,20 +114,25 @@ def _to_empty(model: nn.Module, device: torch.device) -> None:
         torch.__future__.set_swap_module_params_on_conversion(swap)
 
 
-def _own_tensors(model: nn.Module, stored: dict[str, Stored], dtype: torch.dtype) -> bool:
-    """Whether `from_pretrained` would give `model` the stored tensors as they are: every parameter stored
-    under its own name and shape, every stored persistent buffer of its shape, nothing else stored but what
-    the model ignores on load, and no module it would keep in float32 while the rest is 16-bit."""
+def _check_own_tensors(model: nn.Module, stored: dict[str, Stored], dtype: torch.dtype) -> None:
+    """Raise `NotByRows` unless `from_pretrained` would give `model` the stored tensors as they are: every
+    parameter stored under its own name and shape, every stored persistent buffer of its shape, nothing else
+    stored but what the model ignores on load, and no module it would keep in float32 while the rest is
+    16-bit."""
     state = model.state_dict()  # parameters (a tied one under each name) and persistent buffers
-    if any(n not in stored or stored[n].shape != tuple(p.shape) for n, p in model.named_parameters()):
-        return False
-    if any(n in stored and stored[n].shape != tuple(t.shape) for n, t in state.items()):
-        return False
+    renamed = "transformers renames or fuses this model's weights as it loads them, or the files are of another model"
+    for name, tensor in [*model.named_parameters(), *state.items()]:
+        if name not in stored and isinstance(tensor, nn.Parameter):
+            raise NotByRows(f"the files have no {name} ({renamed})")
+        if name in stored and stored[name].shape != tuple(tensor.shape):
+            raise NotByRows(f"{name} is {stored[name].shape} in the files, {tuple(tensor.shape)} in the model")
     ignored = [re.compile(p) for p in getattr(model, "_keys_to_ignore_on_load_unexpected", None) or ()]
-    if any(n not in state and not any(p.search(n) for p in ignored) for n in stored):
-        return False
+    extra = [n for n in stored if n not in state and not any(p.search(n) for p in ignored)]
+    if extra:
+        raise NotByRows(f"the files hold {extra[0]} (and {len(extra) - 1} more) the model has not ({renamed})")
     in_fp32 = [*(model._keep_in_fp32_modules or ()), *(getattr(model, "_keep_in_fp32_modules_strict", None) or ())]
-    return not (in_fp32 and dtype in (torch.float16, torch.bfloat16))
+    if in_fp32 and dtype in (torch.float16, torch.bfloat16):
+        raise NotByRows(f"transformers keeps {in_fp32} in float32 when the model is {dtype}")
 
 
 def _restore_buffers(buffers: list, device: torch.device, reader: RowReader, stored: dict[int, str]) -> None:

@@ -14,6 +14,7 @@ from transformers import AutoModelForCausalLM, LlamaForCausalLM
 
 from forge_nb.models import BUNDLED_MODEL
 from forge_nb.parallel import sharded_load
+from forge_nb.parallel.sharded_load import NotByRows
 
 CPU = torch.device("cpu")
 IDS = torch.tensor([[1, 5, 7, 3, 9, 4]])
@@ -62,16 +63,23 @@ def _copy_bundled(folder, config_change=None, extra=None):
     return folder
 
 
-def test_a_directory_it_cannot_read_as_the_model_own_is_left_to_the_whole_load(tmp_path, monkeypatch):
+def test_a_directory_it_cannot_read_as_the_model_own_is_left_to_the_whole_load_saying_why(tmp_path, monkeypatch):
     assert build(_copy_bundled(tmp_path / "plain")) is not None
     quantized = _copy_bundled(tmp_path / "quantized", {"quantization_config": {"quant_method": "fp8"}})
-    assert build(quantized) is None  # transformers (de)quantizes as it loads
+    with pytest.raises(NotByRows, match="a quantization config"):
+        build(quantized)
     extra = _copy_bundled(tmp_path / "extra", extra={"model.layers.0.mlp.gate_proj.weight_scale": torch.ones(1)})
-    assert build(extra) is None  # a tensor the model does not have: another format
-    other_shape = _copy_bundled(tmp_path / "shape", {"intermediate_size": 256})
-    assert build(other_shape) is None
+    with pytest.raises(NotByRows, match=r"hold model.layers.0.mlp.gate_proj.weight_scale \(and 0 more\)"):
+        build(extra)
+    with pytest.raises(
+        NotByRows, match=r"model.layers.0.mlp.gate_proj.weight is \(384, 128\) in the files, \(256, 128\)"
+    ):
+        build(_copy_bundled(tmp_path / "shape", {"intermediate_size": 256}))
+    with pytest.raises(NotByRows, match="no safetensors files"):
+        build(tmp_path / "quantized" / "nothing-here")
     monkeypatch.setattr(LlamaForCausalLM, "_keep_in_fp32_modules", ["lm_head"])
-    assert build(tmp_path / "plain", torch.bfloat16) is None  # from_pretrained keeps the head in float32
+    with pytest.raises(NotByRows, match=r"keeps \['lm_head'\] in float32"):
+        build(tmp_path / "plain", torch.bfloat16)  # from_pretrained would keep the head in float32
     assert build(tmp_path / "plain", torch.float32) is not None
 
 
