@@ -31,7 +31,8 @@ from forge_nb.parallel.safetensors_rows import RowReader, Stored, stored_tensors
 def parameters_on_meta() -> Iterator[None]:
     """Modules built inside get their parameters on the meta device (no memory, no initialisation cost)
     and keep their buffers real (accelerate's `init_empty_weights(include_buffers=False)`, without the
-    dependency)."""
+    dependency). It patches `nn.Module.register_parameter` while it lasts, for the whole process: a trainer
+    proc builds its model before anything else runs in it."""
     register = nn.Module.register_parameter
 
     def on_meta(module: nn.Module, name: str, param: nn.Parameter | None) -> None:
