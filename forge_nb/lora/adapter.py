@@ -112,7 +112,8 @@ def save_sharded(model: torch.nn.Module, gang: Gang, path: str | Path, merged: b
     small) and written by the leader in peft's format; with `merged`, the merged model at path/merged with
     each rank writing its own rows of every weight (``W + scale * B @ A`` of a target's rows needs only
     that B's rows: FSDP2 shards W and B alike along dim 0), nothing of the base gathered."""
-    gathered = {name: fsdp.whole(p.detach()).cpu() for name, p in model.named_parameters() if p.requires_grad}
+    trainable = ((name, p) for name, p in model.named_parameters() if p.requires_grad)
+    gathered = {name: t.cpu() for name, t in fsdp.whole_tensors(trainable)}
     if gang.leader:
         model.save_pretrained(str(path), state_dict=gathered)
     if merged:

@@ -77,6 +77,12 @@ def reshard(model: nn.Module) -> None:
             module.reshard()
 
 
+def first_row(tensor: DTensor) -> int:
+    """The row of the whole tensor this rank's shard starts at (FSDP2 shards dim 0; 0 for a 0-dim one)."""
+    _, offset = compute_local_shape_and_global_offset(tensor.shape, tensor.device_mesh, tensor.placements)
+    return offset[0] if offset else 0
+
+
 def local_shards(
     named: Iterable[tuple[str, torch.Tensor]],
 ) -> tuple[list[tuple[str, torch.Tensor]], dict[str, tuple[int, int]]]:
@@ -85,8 +91,7 @@ def local_shards(
     out, rows = [], {}
     for name, tensor in named:
         if isinstance(tensor, DTensor):
-            _, offset = compute_local_shape_and_global_offset(tensor.shape, tensor.device_mesh, tensor.placements)
-            rows[name] = (offset[0] if offset else 0, tensor.shape[0] if tensor.dim() else 1)
+            rows[name] = (first_row(tensor), tensor.shape[0] if tensor.dim() else 1)
             tensor = tensor.to_local()
         out.append((name, tensor.detach()))
     return out, rows

@@ -185,7 +185,7 @@ class Policy:
         merged model in path/merged). Sharded: each rank writes its own rows, nothing is gathered
         (`parallel.sharded_save`; with LoRA only the small adapter is); a model loaded whole is written by
         the leader from a whole copy."""
-        if self.spec.sharded and self.by_rows:
+        if self.by_rows:  # only a sharded policy is made by rows
             fsdp.reshard(self.model)
             if self.lora:
                 adapter.save_sharded(self.model, self.gang, path, merged=merged)

@@ -11,6 +11,7 @@ tensor are contiguous, so a rank's shard of dim 0 (FSDP2's) is one byte range of
 from __future__ import annotations
 
 import json
+import math
 import os
 import struct
 from collections.abc import Iterable
@@ -52,10 +53,7 @@ class Stored:
 
     @property
     def row_bytes(self) -> int:
-        count = self.dtype.itemsize
-        for size in self.shape[1:]:
-            count *= size
-        return count
+        return _row_bytes(self.shape, self.dtype)
 
 
 def stored_tensors(folder: str | Path) -> dict[str, Stored] | None:
@@ -141,14 +139,16 @@ class Planned:
 
     @property
     def nbytes(self) -> int:
-        count = 1
-        for size in self.shape:
-            count *= size
-        return count * self.dtype.itemsize
+        return math.prod(self.shape) * self.dtype.itemsize
 
     @property
     def row_bytes(self) -> int:
-        return self.nbytes // self.shape[0] if self.shape and self.shape[0] else self.nbytes
+        return _row_bytes(self.shape, self.dtype)
+
+
+def _row_bytes(shape: tuple[int, ...], dtype: torch.dtype) -> int:
+    """Bytes of one row (along dim 0) of a tensor of `shape`; a 0-dim tensor's whole."""
+    return math.prod(shape[1:]) * dtype.itemsize
 
 
 @dataclass

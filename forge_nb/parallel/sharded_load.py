@@ -22,8 +22,8 @@ from collections.abc import Callable, Iterator
 import torch
 from torch import nn
 from torch.distributed.tensor import DTensor
-from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
+from forge_nb.parallel.fsdp import first_row
 from forge_nb.parallel.safetensors_rows import RowReader, Stored, stored_tensors
 
 
@@ -161,9 +161,8 @@ def _from_memory(whole: torch.Tensor) -> Callable[[int, torch.Tensor], None]:
 def _fill(param: torch.Tensor, read: Callable[[int, torch.Tensor], None]) -> None:
     """This rank's rows of a parameter (a DTensor's local shard, or a whole tensor): `read(first row, dest)`."""
     if isinstance(param, DTensor):
-        _, offset = compute_local_shape_and_global_offset(param.shape, param.device_mesh, param.placements)
         local = param.to_local()
         if local.numel():
-            read(offset[0] if offset else 0, local)
+            read(first_row(param), local)
     else:
         read(0, param)

@@ -23,8 +23,8 @@ from pathlib import Path
 import torch
 from torch import nn
 from torch.distributed.tensor import DTensor
-from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
+from forge_nb.parallel.fsdp import first_row
 from forge_nb.parallel.gang import Gang
 from forge_nb.parallel.safetensors_rows import (
     INDEX,
@@ -60,8 +60,7 @@ def pieces(named: list[tuple[str, torch.Tensor]]) -> list[Piece]:
         tensor = tensor.detach()
         planned = Planned(name, tuple(tensor.shape), tensor.dtype)
         if isinstance(tensor, DTensor):
-            _, offset = compute_local_shape_and_global_offset(tensor.shape, tensor.device_mesh, tensor.placements)
-            out.append(Piece(planned, tensor.to_local(), offset[0] if offset else 0, True))
+            out.append(Piece(planned, tensor.to_local(), first_row(tensor), True))
         else:
             out.append(Piece(planned, tensor, 0, False))
     return out
