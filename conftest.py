@@ -37,7 +37,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 _bin = os.path.dirname(os.path.abspath(sys.executable))
 if _bin not in os.environ.get("PATH", "").split(os.pathsep):
     os.environ["PATH"] = _bin + os.pathsep + os.environ.get("PATH", "")
-# A worker's sessions fork their procs from one server (forge_nb/mesh/forkserver.py) that lingers between them,
+# A worker's sessions fork their procs from one server (forge_nb/launch/forks/server.py) that lingers between them,
 # not one per session: a session's start imported torch and transformers in a new server each time, ~3.7 s of
 # CPU, and the suite starts some 200 sessions on 2 cores. Outside the suite down() stops the server (linger 0);
 # the tests of that default set it back to 0 themselves. Kernels and subprocesses inherit it; each one's server
@@ -52,7 +52,7 @@ MARKERS = {
     "slurm": "starts the three-node Slurm of tests/slurm_cluster.py (one at a time: fixed ports)",
     "browser": "JupyterLab in Chromium (Playwright)",
     "mesh": "in a file that starts a local Monarch mesh (forge_nb.up / resume, %forge up, `session`, LocalMesh)",
-    "netns": "makes network-namespace hosts (forge_nb.tools.netns_hosts, root; skipped where they cannot be made)",
+    "netns": "makes network-namespace hosts (forge_nb.testing.netns_hosts, root; skipped where they cannot be made)",
 }
 # What, in a test file's or notebook's text, says that it starts a Slurm or a browser.
 SLURM_SIGNS = ("LocalSlurm", "slurm_cluster")
@@ -176,7 +176,7 @@ def pytest_sessionfinish(session, exitstatus):
     """The run fails when its tests left files with data in its temp folder (tests/suite_tmp.py): named here."""
     if os.environ.get("PYTEST_XDIST_WORKER"):
         return
-    forks = sys.modules.get("forge_nb.mesh.forkserver")
+    forks = sys.modules.get("forge_nb.launch.forks.server")
     if forks is not None:  # without workers (-n 0) the tests ran here: the lingering fork server is this run's
         forks._stop_idle()
     found = suite_tmp.leftovers()

@@ -31,8 +31,8 @@ from forge_nb.actors.generator import Generation
 from forge_nb.actors.trainer import TrainResult
 from forge_nb.config import Config
 from forge_nb.engines.torch_engine import TorchEngine
+from forge_nb.launch.local import LocalMesh
 from forge_nb.live.builtin import builtin_loss
-from forge_nb.mesh.local import LocalMesh
 from forge_nb.rewards.batch import Scores
 from forge_nb.rl.advantages import group_relative
 from forge_nb.rl.batch import TrainBatch

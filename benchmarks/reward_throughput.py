@@ -36,7 +36,6 @@ import torch
 
 import forge_nb
 from forge_nb.live.capture import compile_function
-from forge_nb.mesh.calls import shards
 from forge_nb.models.registry import resolve_model
 from forge_nb.rewards import Ensemble, addition_verifiers, judge
 from forge_nb.rewards.batch import RewardBatch, Scores
@@ -45,6 +44,7 @@ from forge_nb.rewards.judge_model import JudgeModel
 from forge_nb.rewards.scoring import score_members
 from forge_nb.rewards.verdicts import JudgeRequest
 from forge_nb.rl.rollout import reward_batch
+from forge_nb.runtime.calls import shards
 
 EXACT = "exact match (per sample)"
 ENSEMBLE = "rule ensemble (batched)"

@@ -5,7 +5,7 @@ Every side runs the same session of the bundled model (generator, trainer, rewar
 torch engine), `up()`, `--steps` synchronous steps, `down()`, in one process that ran a session before
 (as a kernel does its second `%forge up`, or a test worker its next test). Only the environment differs:
 "fresh" ``FORGE_NB_FORK_PROCS=0`` (each proc imports torch and transformers itself), "forked" the default
-(`forge_nb.mesh.forkserver`, one server a session, stopped at down), "lingering" with
+(`forge_nb.launch.forks.server`, one server a session, stopped at down), "lingering" with
 ``FORGE_NB_FORK_LINGER_S=600`` (the server of the session before serves this one). "fresh" and "forked"
 sessions alternate so machine noise hits both alike; the lingering sessions run after them, as a block (a
 forked session would take the lingering server), after one that starts the server and is not counted.

@@ -1,10 +1,10 @@
 """Session start and stop on a mesh over hosts' workers: procs started fresh by each worker against procs
-forked from the worker's own fork server (`forge_nb.mesh.workerforks`), which lives as long as the worker.
+forked from the worker's own fork server (`forge_nb.launch.forks.on_workers`), which lives as long as the worker.
 
-Three workers (``python -m forge_nb.mesh.worker``) on this machine's loopback, at three ports, stand in for
+Three workers (``python -m forge_nb.launch.worker``) on this machine's loopback, at three ports, stand in for
 three hosts (the network between them is not what is measured). Every session is the same: the bundled
 model, the trainer a gang of 2 procs on the first host, the generator on the second, the reward worker and
-the checker on the third (`mesh.kind="hosts"`, as tests/mesh/test_hosts.py), `up()`, `--steps` synchronous
+the checker on the third (`mesh.kind="hosts"`, as tests/launch/test_hosts.py), `up()`, `--steps` synchronous
 steps, `down()`, all in this process (a hosts session must be its process's first Monarch use). Only
 ``FORGE_NB_FORK_PROCS`` differs: "fresh" 0 (each proc imports torch and transformers itself), "forked" the
 default. The first forked session starts each worker's server (shown alone, "forked, first"); the next ones
@@ -25,7 +25,7 @@ import time
 
 from session_start import timed_session
 
-from forge_nb.mesh.hosts import answers
+from forge_nb.launch.hosts import answers
 
 PORTS = (29811, 29812, 29813)
 SESSION = {"mesh.kind": "hosts", "trainer_procs": 2, "prompts_per_step": 4, "group_size": 4, "engine": "torch"}
@@ -34,7 +34,7 @@ SESSION = {"mesh.kind": "hosts", "trainer_procs": 2, "prompts_per_step": 4, "gro
 def start_workers() -> list[subprocess.Popen]:
     """One worker per port, each answering before this returns."""
     workers = [
-        subprocess.Popen([sys.executable, "-m", "forge_nb.mesh.worker", f"tcp://127.0.0.1:{port}"]) for port in PORTS
+        subprocess.Popen([sys.executable, "-m", "forge_nb.launch.worker", f"tcp://127.0.0.1:{port}"]) for port in PORTS
     ]
     deadline = time.monotonic() + 60
     while not all(answers("127.0.0.1", port, 0.5) for port in PORTS):

@@ -7,7 +7,7 @@ rank, 2 trainer ranks (FSDP2 on gloo), on a random-init Llama of >= 0.5B paramet
   load, whole (forge_nb before, and what it still does for a directory without safetensors): every rank
   `from_pretrained`s the whole model, then FSDP2 keeps its shards (`fsdp.shard`), as the peers load.
 - save, by rows (`parallel.sharded_save.write`): every rank writes its rows into the files, nothing gathered;
-  save, whole (`parallel.state.whole_copy` + `save_pretrained`): the ranks gather every tensor to rank 0,
+  save, whole (`parallel.training_state.whole_copy` + `save_pretrained`): the ranks gather every tensor to rank 0,
   which holds a whole copy and writes it, as `save_pretrained` on a sharded model does.
 
 Both sides end with the same shards in memory and the same files on disk (checked: the saved tensors are
@@ -34,10 +34,11 @@ from pathlib import Path
 
 import torch
 
-from forge_nb.parallel import fsdp, sharded_load, sharded_save, state
+from forge_nb.parallel import fsdp, sharded_load, sharded_save
+from forge_nb.parallel import training_state as state
 from forge_nb.parallel.gang import Gang
-from forge_nb.parallel.launch import run_gang
 from forge_nb.parallel.safetensors_rows import stored_tensors
+from forge_nb.testing.gang import run_gang
 from forge_nb.tools.bundled_model import random_model
 
 

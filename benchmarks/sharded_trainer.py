@@ -8,7 +8,7 @@ advantages), in fresh processes, one after the other, with the same total thread
 at 2 procs). Measured per rank:
 
 - state: bytes of parameters + gradients + AdamW state the rank holds (its shards at 2 procs), counted
-  from the tensors (`parallel.state.rank_bytes`);
+  from the tensors (`parallel.training_state.rank_bytes`);
 - peak RSS: the process's high-water resident memory (it includes loading the whole model from disk
   before sharding, the step's activations and gloo's buffers);
 - activations: the peak of live tensors saved for backward during the step (a saved-tensors hook;
@@ -36,8 +36,8 @@ from forge_nb.live.builtin import builtin_loss
 from forge_nb.live.capture import compile_function
 from forge_nb.live.validate import check_loss_value
 from forge_nb.parallel.gang import Gang
-from forge_nb.parallel.launch import run_gang
 from forge_nb.parallel.policy import Policy, PolicySpec
+from forge_nb.testing.gang import run_gang
 from forge_nb.tools.bundled_model import random_model
 from forge_nb.tools.gpu_check.table import grpo_batch
 

@@ -35,7 +35,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from monarch.actor import Actor, endpoint, this_host
 
-from forge_nb.mesh.calls import wait
+from forge_nb.runtime.calls import wait
 from forge_nb.weights.group import GroupSender, GroupSpec, group_spec
 from forge_nb.weights.publish import WeightPublisher
 from forge_nb.weights.refresh import WeightReceiver

@@ -1,5 +1,5 @@
 """Cross-host weight refresh (`weight_refresh.py --hosts`): one trainer host, up to 4 generator hosts,
-each a network namespace on one bridge (`forge_nb.tools.netns_hosts`, root only), one run, side by side:
+each a network namespace on one bridge (`forge_nb.testing.netns_hosts`, root only), one run, side by side:
 
 forge_nb (tcp)       the product path across hosts: publish, pull over the trainer's TCP streams
                      (`weights.stream`, `--streams` connections, 4 as in the config), check the version, load
@@ -96,7 +96,7 @@ def mesh_seconds(hosts, size_bytes: int, fanout: list[int], reps: int, streams: 
     the copy alone (before the version check and the load, as gloo's broadcast has neither)."""
     from weight_refresh import Publisher, Receiver
 
-    from forge_nb.mesh.calls import wait
+    from forge_nb.runtime.calls import wait
 
     n = max(fanout)
     pub_procs = hosts.slice(hosts=0).spawn_procs(per_host={"procs": 1}, name="publisher")
@@ -135,7 +135,7 @@ def mesh_seconds(hosts, size_bytes: int, fanout: list[int], reps: int, streams: 
 def run(sizes_mb: list[int], fanout: list[int], reps: int = 0, streams: int = 4) -> None:
     from monarch.actor import attach_to_workers, enable_transport
 
-    from forge_nb.tools.netns_hosts import HostNet
+    from forge_nb.testing.netns_hosts import HostNet
 
     net = HostNet(1 + max(fanout), "bench").up()
     workers = [subprocess.Popen(h.worker_args(PORT), env=_env(), stdout=subprocess.DEVNULL) for h in net.hosts]

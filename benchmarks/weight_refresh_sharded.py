@@ -30,8 +30,8 @@ import torch
 import torch.distributed as dist
 from monarch.actor import Actor, endpoint, this_host
 
-from forge_nb.mesh.calls import wait
-from forge_nb.mesh.gang import start_gang
+from forge_nb.launch.torchrun import start_gang
+from forge_nb.runtime.calls import wait
 from forge_nb.weights.publish import WeightPublisher
 from forge_nb.weights.refresh import WeightReceiver
 
@@ -174,7 +174,7 @@ def across_hosts(sizes_mb: list[int], reps: int) -> dict[int, dict]:
     from monarch.actor import attach_to_workers, enable_transport
     from weight_refresh_hosts import PORT, _env
 
-    from forge_nb.tools.netns_hosts import HostNet
+    from forge_nb.testing.netns_hosts import HostNet
 
     net = HostNet(4, "shard").up()
     workers = [subprocess.Popen(h.worker_args(PORT), env=_env(), stdout=subprocess.DEVNULL) for h in net.hosts]

@@ -38,7 +38,7 @@ def resume(path, **overrides: Any):
 
 
 def _current_session():
-    from forge_nb.mesh import lifecycle
+    from forge_nb.runtime import lifecycle
 
     session = lifecycle.current()
     if session is None:

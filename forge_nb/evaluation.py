@@ -16,7 +16,7 @@ from forge_nb.actors.env import AgentCode
 from forge_nb.agents.episodes import episodes_of, row_of, trajectory_ends
 from forge_nb.agents.trajectory import Trajectory
 from forge_nb.engines.base import SamplingParams
-from forge_nb.mesh.roles import Roles
+from forge_nb.fleet.fleet import Roles
 from forge_nb.rl.advantages import group_relative
 from forge_nb.rl.episode import Episode
 from forge_nb.rl.rollout import apply_scores, make_episodes, reward_batch

@@ -31,9 +31,9 @@ from pathlib import Path
 import yaml
 
 from forge_nb.config import Config
+from forge_nb.launch.placement import slurm_nodes
 from forge_nb.live.builtin import builtin_loss, builtin_reward
 from forge_nb.live.registry import Member
-from forge_nb.mesh.placement import slurm_nodes
 from forge_nb.paths import as_typed
 
 RUN_SCRIPT = Path(__file__).parent / "recipes" / "run.py"
@@ -137,7 +137,7 @@ def sbatch_script(config: Config, out: Path) -> str:
 def _multi_node(python: str, run: str) -> list[str]:
     """A forge_nb worker on every node of the job (one srun step, at the node's name and a port derived
     from the job id), then run.py on the first node with all of them as its hosts."""
-    worker = f"exec {python} -m forge_nb.mesh.worker tcp://$(hostname):$PORT"  # PYTHON: exported, srun passes it
+    worker = f"exec {python} -m forge_nb.launch.worker tcp://$(hostname):$PORT"  # PYTHON: exported, srun passes it
     return [
         "export PORT=$((20000 + SLURM_JOB_ID % 20000))",
         f"srun --ntasks-per-node=1 sh -c {shlex.quote(worker)} &",

@@ -7,7 +7,7 @@
     s.down()                    # every proc stopped
 
 It holds the locks and delegates: the step to `step` (on the `state.RunState` it owns), the actors to
-`mesh.roles`, live code to `live.manager`, background runs to `loop`, checkpoints to `checkpoints`. Data
+`fleet.fleet`, live code to `live.manager`, background runs to `loop`, checkpoints to `checkpoints`. Data
 flows one way: session -> step -> roles -> actors -> engines and algorithms; notebook views wrap a session.
 """
 
@@ -25,21 +25,21 @@ from transformers import AutoConfig, AutoTokenizer
 
 from forge_nb import evaluation, heap, step, tables
 from forge_nb.agents.session_api import ExternalAgentsMixin
-from forge_nb.checkpoints import Checkpoints
 from forge_nb.config import Config
 from forge_nb.export import export_bundle
+from forge_nb.fleet.fleet import Roles, StartFrom
+from forge_nb.launch.slurm import SlurmError
 from forge_nb.live.agents import AgentRollouts
 from forge_nb.live.capture import LiveCode
 from forge_nb.live.manager import LiveCodeManager
 from forge_nb.live.registry import Registry
 from forge_nb.loop import AsyncRun, BackgroundRun, RunSlot
-from forge_nb.mesh import lifecycle
-from forge_nb.mesh.roles import Roles, StartFrom
-from forge_nb.mesh.slurm import SlurmError
 from forge_nb.metrics import MetricsStream
 from forge_nb.rl.episode import Episode
 from forge_nb.rl.rollout import Rollout
-from forge_nb.run import checkpoint
+from forge_nb.run import checkpoint_files as checkpoint
+from forge_nb.run.checkpoints import Checkpoints
+from forge_nb.runtime import lifecycle
 from forge_nb.state import RunState, SessionError, new_run_dir
 from forge_nb.status import session_status
 from forge_nb.step import StepRow
@@ -382,7 +382,7 @@ class Session(ExternalAgentsMixin):
     def save(self, path: str | Path) -> Path:
         """Write a checkpoint of this session at `path` (between batches) -> its folder: weights, optimizer and RNG,
         counters and versions, the task stream's position, the buffer, every reward and loss version, the metrics
-        (`forge_nb.checkpoints`). `forge_nb.resume(path)` goes on from it."""
+        (`forge_nb.run.checkpoints`). `forge_nb.resume(path)` goes on from it."""
         with self.whole_step():
             actors = self._require_up()
             return self.checkpoints.save(path, self.state, actors, self.live_code.registry, self.tokenizer)

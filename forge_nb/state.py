@@ -1,8 +1,8 @@
 """What a run is made of in the kernel, beside its actors: one `RunState`, owned by the session.
 
 The step (`forge_nb.step`) reads it and moves it on (counters, buffer, metrics); checkpoints write it
-and read it back (`forge_nb.checkpoints`); the mesh keeps its policy versions current
-(`mesh.roles.Roles` writes `versions`).
+and read it back (`forge_nb.run.checkpoints`); the mesh keeps its policy versions current
+(`fleet.fleet.Roles` writes `versions`).
 """
 
 from __future__ import annotations

@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from forge_nb.fleet.fleet import Roles
 from forge_nb.live.manager import LiveCodeManager
 from forge_nb.loop import RunSlot
-from forge_nb.mesh.roles import Roles
 from forge_nb.paths import model_label
 from forge_nb.state import RunState
 

@@ -8,7 +8,7 @@
               `algorithm.mini_batches` of them) and publishes version v + 1
     sync      every generator replica loads v + 1 (/dev/shm on the trainer's host, its TCP streams elsewhere)
 
-The actor calls are in `mesh.roles.Roles`, the pure pieces in `rl/` and `rewards/`, the state they
+The actor calls are in `fleet.fleet.Roles`, the pure pieces in `rl/` and `rewards/`, the state they
 move on in `state.RunState`. Nothing here takes a lock or knows about notebooks: the session holds
 the locks around these calls (`Session.step`, `Session.rollout`, ...), and background runs call the
 same functions through it (`loop`). Each trained batch becomes one `StepRow` on the metrics stream.
@@ -23,7 +23,7 @@ from typing import Any
 from forge_nb.actors.trainer import LossFailedAfterSteps, TrainResult
 from forge_nb.agents.episodes import episodes_of, own_reward, row_of, share_with_segments, trajectory_ends
 from forge_nb.engines.base import SamplingParams
-from forge_nb.mesh.roles import Roles
+from forge_nb.fleet.fleet import Roles
 from forge_nb.rl import rollout as pipeline
 from forge_nb.rl.episode import Episode
 from forge_nb.rl.rollout import EmptyTrainBatch, Rollout, reward_batch

@@ -9,7 +9,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from forge_nb.mesh import forkserver
+from forge_nb.launch.forks import server as forkserver
 
 
 def child_processes(exclude: frozenset[int] = frozenset()) -> list[psutil.Process]:
@@ -27,15 +27,15 @@ def child_processes(exclude: frozenset[int] = frozenset()) -> list[psutil.Proces
 
 
 def worker_fork_servers(worker: int) -> list[int]:
-    """The fork servers of the host worker with pid `worker` (`forge_nb.mesh.workerforks`: they live as long
+    """The fork servers of the host worker with pid `worker` (`forge_nb.launch.forks.on_workers`: they live as long
     as it does, and their socket is named after it), not the procs they forked (which carry the same command
     line; a server leads a session of its own)."""
     found = []
     for p in psutil.process_iter(["cmdline"]):
         line = p.info["cmdline"] or []
-        if "forge_nb.mesh.workerforks" not in line[:-1]:
+        if "forge_nb.launch.forks.on_workers" not in line[:-1]:
             continue
-        socket_name = Path(line[line.index("forge_nb.mesh.workerforks") + 1]).name
+        socket_name = Path(line[line.index("forge_nb.launch.forks.on_workers") + 1]).name
         try:
             if socket_name.startswith(f"w{worker}-") and os.getsid(p.pid) == p.pid:
                 found.append(p.pid)
@@ -50,7 +50,7 @@ def forked_roles(status: dict, roles: tuple[str, ...] = ("trainer", "generator",
     forked: dict[str, bool] = {}
     for r in status["placement"]:
         line = psutil.Process(r["pid"]).cmdline()
-        here = "forge_nb.mesh.forkserver" in line or "forge_nb.mesh.workerforks" in line
+        here = "forge_nb.launch.forks.server" in line or "forge_nb.launch.forks.on_workers" in line
         forked[r["role"]] = forked.get(r["role"], True) and here
     return {role: forked[role] for role in roles}
 

@@ -2,7 +2,7 @@
 
 Every node runs its own slurmd with a UTS namespace of its own whose host name is the node's name
 (``fnode1`` ...) and a hosts file naming every node (bind-mounted over /etc/hosts inside it: no file of
-this machine changes). ``fnode2`` ... are hosts of `forge_nb.tools.netns_hosts` (a network namespace
+this machine changes). ``fnode2`` ... are hosts of `forge_nb.testing.netns_hosts` (a network namespace
 each, on one bridge, with a /dev/shm of their own): nothing but the network joins them to the rest.
 ``fnode1`` is this machine's own network (at the bridge's address), as a login node that also
 computes: a kernel that already runs Monarch over Unix sockets (a local session first) can still drive a
@@ -30,7 +30,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from forge_nb.tools import netns_hosts
+from forge_nb.testing import netns_hosts
 
 PACKAGES = {"slurmctld": "slurm-wlm", "slurmd": "slurm-wlm", "sbatch": "slurm-wlm", "munged": "munge"}
 CTLD_PORT, SLURMD_PORT = 16817, 16818  # slurmctld's in the root namespace (one cluster at a time); slurmd's per node

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from monarch.actor import Actor, endpoint
 
 from forge_nb import heap
-from forge_nb.mesh import last_words
+from forge_nb.runtime import last_words
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from forge_nb.config import Config, LoraConfig
 from forge_nb.engines import load_engine
 from forge_nb.engines.base import Completion, SamplingParams
 from forge_nb.lora.serve import ServedAdapter, read_adapter, served_adapter
-from forge_nb.mesh import last_words
+from forge_nb.runtime import last_words
 from forge_nb.weights.manifest import WeightManifest, checksum
 from forge_nb.weights.refresh import RefreshReport, TornWeights, WeightReceiver
 from forge_nb.weights.shards import whole_shapes
@@ -103,7 +103,7 @@ class Generator(AsyncForgeActor):
     def _serving(self) -> Iterator[None]:
         """Around each use of the engine: an engine lost for good (vLLM over several ranks, one of whose
         worker processes died) ends this proc, before the call or when the call fails, so that Monarch reports
-        it dead and the session starts the generator afresh, as it does a killed one (`mesh.recovery`)."""
+        it dead and the session starts the generator afresh, as it does a killed one (`fleet.recovery`)."""
         self._end_if_lost()
         try:
             yield

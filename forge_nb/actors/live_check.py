@@ -2,7 +2,7 @@
 
 The kernel never runs live code: a candidate that hangs or spins would leave a thread burning a core
 in it for as long as it lives (a Python thread cannot be killed). Here it is the checker's proc that
-is stopped and replaced when a check outlives its timeout (`mesh.checker.Checker`). The timeout is
+is stopped and replaced when a check outlives its timeout (`fleet.checker.Checker`). The timeout is
 kept here, where the time a reward waits on a judge actor can be left out of it (`live.deadline`).
 """
 

@@ -279,7 +279,7 @@ class Trainer(ForgeActor):
     def save_state(self, path: str) -> int:
         """Write what resuming needs exactly, at any number of procs: the weights (HF directory; with LoRA
         the adapter, in peft's format), each rank's shards of the trainable weights and optimizer state
-        (`parallel.state`), and `trainer_state.pt` with the RNG state and the policy version -> version."""
+        (`parallel.training_state`), and `trainer_state.pt` with the RNG state and the policy version -> version."""
         with collectives(self.gang.rank):  # a rank gone mid-save: GangError, the gang is restarted
             self.policy.save_pretrained(path)
             self.policy.save_state(path)

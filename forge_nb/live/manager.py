@@ -1,7 +1,7 @@
 """One owner of live code: every reward and loss version, validated on real samples, shipped to the actors.
 
 Code is captured in the kernel (read, never run: `live.closure`, `live.capture`) and checked on a
-probe batch in the checker's proc (`mesh.checker`), which is replaced when a check hangs, so no live
+probe batch in the checker's proc (`fleet.checker`), which is replaced when a check hangs, so no live
 code ever runs in the kernel. Rejected code never reaches the reward or trainer actors and gets no
 version number; the live version stays live.
 Actors swap between batches: the host ships under the lock of the side it changes, and an endpoint
@@ -35,7 +35,7 @@ KINDS = ("reward", "loss")
 
 
 class LiveTargets(Protocol):
-    """The actors live code is checked in and goes to (`mesh.roles.Roles`). The setters return once
+    """The actors live code is checked in and goes to (`fleet.fleet.Roles`). The setters return once
     every actor of the role has compiled the code; the checks raise `CheckFailed`, also after
     `timeout` s."""
 

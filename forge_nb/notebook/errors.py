@@ -35,11 +35,11 @@ def user_errors() -> tuple[type[BaseException], ...]:
     from forge_nb.agents.trajectory import TemplateRewriteError
     from forge_nb.config import ConfigError
     from forge_nb.engines.base import WeightsRefused
+    from forge_nb.fleet.recovery import CheckpointLost, TrainerLost
+    from forge_nb.launch.hosts import HostLost, HostsError
+    from forge_nb.launch.slurm import SlurmError
     from forge_nb.live.capture import LiveCodeError
     from forge_nb.loop import RunError
-    from forge_nb.mesh.hosts import HostLost, HostsError
-    from forge_nb.mesh.recovery import CheckpointLost, TrainerLost
-    from forge_nb.mesh.slurm import SlurmError
     from forge_nb.models.registry import ModelError
     from forge_nb.state import SessionError
     from forge_nb.weights.refresh import RefreshError, TornWeights

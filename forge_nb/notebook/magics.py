@@ -13,8 +13,8 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 
 from forge_nb.config import Config, ConfigError, parse_overrides
 from forge_nb.export import run_hint
-from forge_nb.mesh import lifecycle
 from forge_nb.notebook.errors import ForgeMagicError
+from forge_nb.runtime import lifecycle
 from forge_nb.watch import CONDITIONS
 
 SUBCOMMANDS = (

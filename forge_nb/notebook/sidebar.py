@@ -61,7 +61,7 @@ from typing import Any
 
 import psutil
 
-from forge_nb.mesh import lifecycle
+from forge_nb.runtime import lifecycle
 
 TARGET = "forge_nb.sidebar"
 PROTOCOL = 1

@@ -4,7 +4,7 @@ directories read and written a rank's rows at a time (`sharded_load`, `sharded_s
 a rank never needs the whole model in its memory.
 
 Plain PyTorch (no Monarch): the trainer and reference actors hold these, and a script drives them directly
-(`parallel.launch`, as `benchmarks/sharded_trainer.py` and `tests/parallel/test_policy.py` do). A session sets
-its gang up through the mesh (`forge_nb.mesh.gang`), which puts torchrun's variables (RANK, WORLD_SIZE,
+(`testing.gang`, as `benchmarks/sharded_trainer.py` and `tests/parallel/test_policy.py` do). A session sets
+its gang up through the mesh (`forge_nb.launch.torchrun`), which puts torchrun's variables (RANK, WORLD_SIZE,
 MASTER_ADDR, ...) in each proc.
 """

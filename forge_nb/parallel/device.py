@@ -1,5 +1,5 @@
 """Which torch device a proc's model runs on, decided in the proc (it sees only the GPUs its placement
-gave it: ``CUDA_VISIBLE_DEVICES``, `forge_nb.mesh.placement`)."""
+gave it: ``CUDA_VISIBLE_DEVICES``, `forge_nb.launch.placement`)."""
 
 from __future__ import annotations
 

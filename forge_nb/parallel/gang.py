@@ -63,7 +63,7 @@ class Gang:
     @classmethod
     def join(cls, device: torch.device, timeout_s: float = 600.0) -> Gang:
         """Join the group torchrun's variables describe (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT; set
-        by `forge_nb.mesh.gang` in each proc). Without them: a group of one on this host."""
+        by `forge_nb.launch.torchrun` in each proc). Without them: a group of one on this host."""
         if "RANK" not in os.environ:
             os.environ.update(RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
         if "GLOO_SOCKET_IFNAME" not in os.environ:

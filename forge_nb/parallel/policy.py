@@ -18,7 +18,8 @@ from transformers import AutoModelForCausalLM
 
 from forge_nb.config import LoraConfig, TrainerConfig
 from forge_nb.lora import adapter
-from forge_nb.parallel import fsdp, sharded_load, sharded_save, state
+from forge_nb.parallel import fsdp, sharded_load, sharded_save
+from forge_nb.parallel import training_state as state
 from forge_nb.parallel.device import resolve_device
 from forge_nb.parallel.gang import Gang
 from forge_nb.rl.batch import TrainBatch
@@ -201,7 +202,7 @@ class Policy:
             model.save_pretrained(str(path))
 
     def save_state(self, folder: str | Path) -> None:
-        """Trainable weights and optimizer state, each rank its shards (`parallel.state`)."""
+        """Trainable weights and optimizer state, each rank its shards (`parallel.training_state`)."""
         state.save(folder, self.model, self.optimizer)
 
     def load_state(self, folder: str | Path) -> None:

@@ -1,6 +1,6 @@
 """A proc's line to the judge actors: their handles by model, calls with a deadline, and a clock.
 
-The session attaches the handles of its judge actors (`mesh.judges.JudgePool`) to every proc that
+The session attaches the handles of its judge actors (`fleet.judges.JudgePool`) to every proc that
 runs rewards (reward workers, the live-code checker); a `Judge` reward called there asks through
 `ask`. Nothing here imports Monarch: a handle is whatever the session attached (an actor mesh whose
 ``verdicts`` endpoint answers `JudgeAnswer`).

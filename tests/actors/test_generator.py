@@ -8,9 +8,9 @@ from monarch.actor import ActorError
 from forge_nb.actors.generator import GeneratorSpec
 from forge_nb.engines.base import SamplingParams
 from forge_nb.engines.torch_engine import TorchEngine
-from forge_nb.mesh.calls import wait
-from forge_nb.mesh.local import LocalMesh
+from forge_nb.launch.local import LocalMesh
 from forge_nb.models import BUNDLED_MODEL
+from forge_nb.runtime.calls import wait
 from forge_nb.weights.manifest import checksum
 from forge_nb.weights.publish import WeightPublisher
 from tests.actors.tearing import TearingGenerator

@@ -6,7 +6,7 @@ import pytest
 
 import forge_nb
 from forge_nb.live.capture import LiveCodeError
-from forge_nb.mesh.calls import wait
+from forge_nb.runtime.calls import wait
 from tests.conftest import child_processes, wait_no_children
 
 KL_LOSS = """

@@ -16,8 +16,8 @@ import requests
 
 import forge_nb
 from forge_nb.agents.tasks.calculator import calculator_problems
-from forge_nb.mesh.calls import wait
 from forge_nb.notebook.magics import ForgeMagics
+from forge_nb.runtime.calls import wait
 from tests.agents.frameworks.sdk_agent import sdk_rollout
 from tests.agents.frameworks.smol_agent import smol_rollout
 from tests.conftest import wait_no_children

@@ -9,7 +9,7 @@ import pytest
 
 from forge_nb.engines.base import SamplingParams
 from forge_nb.engines.vllm_engine import vllm_available
-from forge_nb.mesh.calls import on_gang, wait
+from forge_nb.runtime.calls import on_gang, wait
 from tests.conftest import wait_no_children
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(not vllm_available(), reason="vLLM is not installed")]

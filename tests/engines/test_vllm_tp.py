@@ -12,7 +12,7 @@ import psutil
 import pytest
 
 from forge_nb.engines.vllm_engine import vllm_available
-from forge_nb.mesh.calls import wait
+from forge_nb.runtime.calls import wait
 from tests.conftest import child_processes, wait_no_children
 from tests.engines.test_vllm_engine import assert_trained_steps_reach_the_engine
 

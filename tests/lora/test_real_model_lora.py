@@ -8,7 +8,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 import forge_nb
-from forge_nb.mesh.calls import wait
+from forge_nb.runtime.calls import wait
 from tests.conftest import wait_no_children
 
 pytestmark = pytest.mark.slow

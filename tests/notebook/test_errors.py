@@ -39,7 +39,7 @@ def test_a_config_error_is_its_message_and_where_it_came_from(kernel):
     assert lines[1].startswith("  in cell line 2, forge_nb.up(") and "-> forge_nb/" in lines[1]
     assert lines[2] == "  (%tb shows the full traceback)" and len(lines) == 3
     full, _ = _run(kernel, "%tb")
-    assert "forge_nb/session.py" in full and "forge_nb/mesh/placement.py" in full and "ConfigError" in full
+    assert "forge_nb/session.py" in full and "forge_nb/launch/placement.py" in full and "ConfigError" in full
     assert len(full.splitlines()) > 10
 
 

@@ -59,7 +59,7 @@ def test_every_magic_runs(kernel, tmp_path):
 
 
 def test_background_run_advances_while_other_cells_execute(kernel):
-    kernel.ok("from forge_nb.mesh import lifecycle; s = lifecycle.current(); start = s.step_count")
+    kernel.ok("from forge_nb.runtime import lifecycle; s = lifecycle.current(); start = s.step_count")
     kernel.ok("%forge run")
     seen = [int(kernel.ok("print(s.step_count - start)").strip())]
     for _ in range(40):  # other cells keep executing while the run steps

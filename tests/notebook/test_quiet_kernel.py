@@ -13,7 +13,7 @@ CELLS = [
     "import forge_nb\ns = forge_nb.up(prompts_per_step=4, group_size=4, threads_per_proc=1)",
     "s.set_reward('def reward(prompt, completion, target, **context):\\n    return 1.0\\n')",
     "s.step(2, progress=False); s.sync()",
-    "from forge_nb.mesh import quiet\nprint('LOG', quiet.log_path())",
+    "from forge_nb.launch import quiet\nprint('LOG', quiet.log_path())",
     "s.down()",
 ]
 

@@ -13,9 +13,9 @@ from forge_nb.live.builtin import builtin_loss
 from forge_nb.live.capture import compile_function
 from forge_nb.live.validate import check_loss_value
 from forge_nb.models import BUNDLED_MODEL
-from forge_nb.parallel.launch import run_gang
 from forge_nb.rl.batch import TrainBatch
 from forge_nb.rl.split import Split, plan
+from forge_nb.testing.gang import run_gang
 
 STEPS = 3
 

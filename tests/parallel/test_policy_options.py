@@ -13,7 +13,7 @@ from forge_nb.live.builtin import builtin_loss
 from forge_nb.live.capture import compile_function
 from forge_nb.live.validate import check_loss_value
 from forge_nb.models import BUNDLED_MODEL
-from forge_nb.parallel.launch import run_gang
+from forge_nb.testing.gang import run_gang
 from tests.parallel.test_policy import STEPS, batches, two_micro_batch_budget
 
 

@@ -14,7 +14,7 @@ from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
 from forge_nb.config import AlgorithmConfig, LoraConfig, TrainerConfig
 from forge_nb.models import BUNDLED_MODEL
-from forge_nb.parallel.launch import run_gang
+from forge_nb.testing.gang import run_gang
 from tests.parallel.test_policy import batches
 
 WORLD = 2

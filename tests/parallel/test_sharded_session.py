@@ -104,7 +104,7 @@ def test_a_rank_that_hangs_restarts_the_gang_on_its_peers_timeout_in_a_save_and_
     SIGSTOP on rank 0 (the rank that answers for the gang), then a step: rank 1's collective times out, the
     gang restarts and the step is taken. Both times the cause is the peer's timeout: the session does not
     wait for the hung rank's answer (Monarch gives a hung proc up only after ~60 s)."""
-    from forge_nb.mesh.recovery import CheckpointLost
+    from forge_nb.fleet.recovery import CheckpointLost
 
     checkpoint = {"every": 1, "dir": str(tmp_path / "periodic"), "on_trainer_failure": "restore"}
     s = forge_nb.up(trainer_procs=2, checkpoint=checkpoint, collective_timeout_s=5.0, **SMALL)

@@ -6,7 +6,7 @@ import signal
 import pytest
 
 import forge_nb
-from forge_nb.mesh.recovery import TrainerLost
+from forge_nb.fleet.recovery import TrainerLost
 from tests.conftest import wait_no_children
 
 SMALL = {"prompts_per_step": 4, "group_size": 4, "threads_per_proc": 1}

@@ -7,7 +7,7 @@ from forge_nb.live.builtin import builtin_loss, builtin_reward
 from forge_nb.live.capture import LiveCode
 from forge_nb.live.registry import Member, Registry
 from forge_nb.rl.episode import Episode
-from forge_nb.run import checkpoint
+from forge_nb.run import checkpoint_files as checkpoint
 from forge_nb.tasks import make_task
 from forge_nb.tasks.dataset import DatasetTask
 

@@ -5,8 +5,8 @@ import threading
 import pytest
 
 import forge_nb
-from forge_nb.mesh.calls import wait
 from forge_nb.rl.batch import TrainBatch
+from forge_nb.runtime.calls import wait
 from tests.conftest import wait_no_children
 
 SMALL = {"prompts_per_step": 4, "group_size": 4, "threads_per_proc": 1}

@@ -15,7 +15,7 @@ ROWS = [
 def run_full(args: argparse.Namespace) -> int:
     """A few GRPO steps of the whole stack -> 0 when the served policy is the trained one, else 1."""
     import forge_nb
-    from forge_nb.mesh.calls import wait
+    from forge_nb.runtime.calls import wait
 
     s = forge_nb.up(
         model="smollm2-135m-instruct",
