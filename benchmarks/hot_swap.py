@@ -33,7 +33,7 @@ def measure(session, kind: str, swaps: int) -> list[dict]:
         version = setter(source)
         returned = time.perf_counter()
         if kind == "reward":
-            live = set(session.actors.rewards.version_live.call().get().values())
+            live = set(session.fleet.rewards.version_live.call().get().values())
         else:
             live = {session.registry.live("loss").version}
         assert live == {version}, (live, version)

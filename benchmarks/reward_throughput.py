@@ -8,7 +8,7 @@ made once and scored by every configuration.
 
 Both sides do the same work on the same samples, with the same compiled reward set and the same scoring function
 (`rewards.scoring.score_members`, what a reward worker runs):
-- reward pool: `Roles.score` from the controller: the batch split evenly over P reward procs (as `Session.rollout`
+- reward pool: `Fleet.score` from the controller: the batch split evenly over P reward procs (as `Session.rollout`
   does), sent as columns, scored in parallel, scores back;
 - in kernel: the same P shards scored one after another in this process, each by its own copy of the reward set
   (an ensemble keeps a window per proc, so the kernel keeps one per shard as well).
@@ -43,7 +43,7 @@ from forge_nb.rewards.judge import render
 from forge_nb.rewards.judge_model import JudgeModel
 from forge_nb.rewards.scoring import score_members
 from forge_nb.rewards.verdicts import JudgeRequest
-from forge_nb.rl.rollout import reward_batch
+from forge_nb.rl.pipeline import reward_batch
 from forge_nb.runtime.calls import shards
 
 EXACT = "exact match (per sample)"
@@ -77,7 +77,7 @@ def in_kernel(session, procs: int) -> Callable[[RewardBatch], None]:
 
 def through_pool(session) -> Callable[[RewardBatch], None]:
     def score(batch: RewardBatch) -> None:
-        for _, scores in session.actors.score(batch):
+        for _, scores in session.fleet.score(batch):
             assert not scores.errors, scores.errors
 
     return score
@@ -137,7 +137,7 @@ def judge_rates(n: int, batch_size: int, rounds: int, threads: int) -> dict:
             local.answer(request)
             times["kernel"].append(time.perf_counter() - start)
             start = time.perf_counter()
-            for _, scores in session.actors.score(batch):
+            for _, scores in session.fleet.score(batch):
                 assert not scores.errors, scores.errors
             times["pool"].append(time.perf_counter() - start)
         rows = session.metrics_stream.rows("judge")[-rounds:]

@@ -16,17 +16,17 @@ from forge_nb.actors.env import AgentCode
 from forge_nb.agents.episodes import episodes_of, row_of, trajectory_ends
 from forge_nb.agents.trajectory import Trajectory
 from forge_nb.engines.base import SamplingParams
-from forge_nb.fleet.fleet import Roles
+from forge_nb.fleet.fleet import Fleet
 from forge_nb.rl.advantages import group_relative
 from forge_nb.rl.episode import Episode
-from forge_nb.rl.rollout import apply_scores, make_episodes, reward_batch
+from forge_nb.rl.pipeline import apply_scores, make_episodes, reward_batch
 from forge_nb.state import RunState
 from forge_nb.tasks.prompts import PromptFormat
 
 PROBE_ROWS = 2  # held-out rows a candidate agent rollout is checked on
 
 
-def evaluate(actors: Roles, state: RunState, max_tokens: int | None = None, greedy: bool | None = None) -> dict:
+def evaluate(fleet: Fleet, state: RunState, max_tokens: int | None = None, greedy: bool | None = None) -> dict:
     """Every held-out prompt under the weights the generator serves now: greedy (one completion
     each) or sampled (`eval.samples_per_prompt` each, at engine.temperature), per `config.eval`
     or `greedy` when given.
@@ -45,16 +45,16 @@ def evaluate(actors: Roles, state: RunState, max_tokens: int | None = None, gree
     sampling = engine.sampling(1 if e.greedy else e.samples_per_prompt, config.seed, 0.0 if e.greedy else None)
     sampling = dataclasses.replace(sampling, max_tokens=max_tokens or engine.max_tokens)
     start = time.perf_counter()
-    if actors.envs.live is not None:
+    if fleet.envs.live is not None:
         context = {"step": step, "policy_version": state.versions.served, "eval": True}
-        trajectories = actors.envs.rollouts([row_of(p) for p in problems], sampling.n, sampling, context)
+        trajectories = fleet.envs.rollouts([row_of(p) for p in problems], sampling.n, sampling, context)
         episodes = trajectory_ends(episodes_of(trajectories, problems, None))  # one per trajectory
     else:
         texts, ids = state.prompts.render_all(problems)
-        generation = actors.generate(ids, sampling)
+        generation = fleet.generate(ids, sampling)
         episodes = make_episodes(problems, texts, generation.completions, generation.policy_version, None)
     seconds = time.perf_counter() - start
-    for part, scores in actors.score(reward_batch(episodes, step)):
+    for part, scores in fleet.score(reward_batch(episodes, step)):
         apply_scores(episodes[part], scores)
     scored = [x for x in episodes if x.scored]  # a failed or unscorable sample has no reward to average
     members = sorted({name for x in scored for name in x.rewards})
@@ -93,7 +93,7 @@ def standard_error(values: list[float]) -> float:
     return math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1) / n)
 
 
-def probe_samples(actors: Roles, state: RunState, n: int) -> list[Episode]:
+def probe_samples(fleet: Fleet, state: RunState, n: int) -> list[Episode]:
     """`n` fresh samples of held-out prompts (groups of 4), scored by the task's verifier, with
     group-relative advantages: what a candidate reward or loss is validated on before the first
     rollout (the next rollout's seed; nothing is counted or stored)."""
@@ -101,7 +101,7 @@ def probe_samples(actors: Roles, state: RunState, n: int) -> list[Episode]:
     group = sampling.n
     problems = task.eval_set()[: -(-n // group)]
     texts, ids = prompts.render_all(problems)
-    generation = actors.generate(ids, sampling)
+    generation = fleet.generate(ids, sampling)
     episodes = make_episodes(problems, texts, generation.completions, generation.policy_version, None)
     rewards = torch.tensor([task.verify(x.completion, x.target) for x in episodes])
     advantages = group_relative(rewards.view(len(problems), group)).flatten().tolist()
@@ -110,22 +110,22 @@ def probe_samples(actors: Roles, state: RunState, n: int) -> list[Episode]:
     return episodes[:n]
 
 
-def probe_agents(actors: Roles, state: RunState, agent: AgentCode) -> list[Trajectory]:
+def probe_agents(fleet: Fleet, state: RunState, agent: AgentCode) -> list[Trajectory]:
     """Trajectories of candidate rollout `agent` on the first held-out rows (2 samples each): what it is
     checked on before it gets a version (never trained on, never stored)."""
     problems = state.task.eval_set()[:PROBE_ROWS]
     context = {"step": state.step_count, "policy_version": state.versions.served, "probe": True}
-    return actors.envs.rollouts([row_of(p) for p in problems], 2, state.sampling(n=2), context, agent)
+    return fleet.envs.rollouts([row_of(p) for p in problems], 2, state.sampling(n=2), context, agent)
 
 
 def generate(
-    actors: Roles, prompts: PromptFormat, prompt: str | list[dict], sampling: SamplingParams, max_tokens: int | None
+    fleet: Fleet, prompts: PromptFormat, prompt: str | list[dict], sampling: SamplingParams, max_tokens: int | None
 ) -> list[str]:
     """`sampling.n` completions of one prompt (a string or chat messages, in the task's prompt format)
     from the weights served now: nothing is scored, stored or trained on."""
     _, ids = prompts.encode(prompt)
     sampling = dataclasses.replace(sampling, max_tokens=max_tokens or sampling.max_tokens)
-    return [c.text for c in actors.generate([ids], sampling).completions[0]]
+    return [c.text for c in fleet.generate([ids], sampling).completions[0]]
 
 
 def _mean(values: list[float]) -> float:

@@ -29,7 +29,7 @@ from typing import Any, Protocol
 from forge_nb.actors.trainer import LossFailedAfterSteps
 from forge_nb.rl.rollout import Rollout
 from forge_nb.state import RunState
-from forge_nb.step import StepRow
+from forge_nb.step import StepRow, record_step, staleness
 
 
 class StepDriver(Protocol):
@@ -209,27 +209,23 @@ class AsyncRun(RunControl):
             except queue.Empty:
                 continue
             self._room.release()
-            staleness = d.state.versions.trained - rollout.policy_version
-            if staleness > self.max_staleness:
+            behind = staleness(d.state, rollout)
+            if behind > self.max_staleness:
                 self.dropped += len(rollout.episodes)
-                d.state.metrics.emit(
-                    "dropped", step=d.state.step_count, staleness=staleness, samples=len(rollout.episodes)
-                )
-                d.on_dropped(rollout, staleness)
+                samples = len(rollout.episodes)
+                d.state.metrics.emit("dropped", step=d.state.step_count, staleness=behind, samples=samples)
+                d.on_dropped(rollout, behind)
                 continue
             try:
                 train, failed = d.train(rollout), None
             except LossFailedAfterSteps as e:  # trained in part: account for it, then stop the run
                 train, failed = e.metrics, e
-            self.staleness[staleness] += 1
+            self.staleness[train["staleness"]] += 1
             self.trained += len(rollout.episodes)
             self.trained_sample_ids += [e.sample_id for e in rollout.episodes]
             self.done += 1
             now = time.perf_counter()
-            row = StepRow.of(
-                d.state.step_count, "async", rollout, train, d.state.versions.served, staleness, now - last
-            )
-            d.state.metrics.emit("step", **row.as_dict())
+            row = record_step(d.state, "async", rollout, train, now - last)
             d.after_step(row, rollout, train)  # a checkpoint holds both sides: waits for the rollout in flight
             last = now
             if failed is not None:

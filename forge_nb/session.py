@@ -7,8 +7,8 @@
     s.down()                    # every proc stopped
 
 It holds the locks and delegates: the step to `step` (on the `state.RunState` it owns), the actors to
-`fleet.fleet`, live code to `live.manager`, background runs to `loop`, checkpoints to `checkpoints`. Data
-flows one way: session -> step -> roles -> actors -> engines and algorithms; notebook views wrap a session.
+`fleet.Fleet`, live code to `live.manager`, background runs to `loop`, checkpoints to `run.checkpoints`. Data
+flows one way: session -> step -> fleet -> actors -> engines and algorithms; notebook views wrap a session.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -24,10 +25,12 @@ from tqdm.auto import tqdm
 from transformers import AutoConfig, AutoTokenizer
 
 from forge_nb import evaluation, heap, step, tables
-from forge_nb.agents.session_api import ExternalAgentsMixin
+from forge_nb.agents.client import Limits
+from forge_nb.agents.external import ExternalAgents, OpenTrajectory
 from forge_nb.config import Config
+from forge_nb.engines.base import Completion, SamplingParams
 from forge_nb.export import export_bundle
-from forge_nb.fleet.fleet import Roles, StartFrom
+from forge_nb.fleet.fleet import Fleet, StartFrom
 from forge_nb.launch.slurm import SlurmError
 from forge_nb.live.agents import AgentRollouts
 from forge_nb.live.capture import LiveCode
@@ -37,7 +40,7 @@ from forge_nb.loop import AsyncRun, BackgroundRun, RunSlot
 from forge_nb.metrics import MetricsStream
 from forge_nb.rl.episode import Episode
 from forge_nb.rl.rollout import Rollout
-from forge_nb.run import checkpoint_files as checkpoint
+from forge_nb.run import checkpoint_files
 from forge_nb.run.checkpoints import Checkpoints
 from forge_nb.runtime import lifecycle
 from forge_nb.state import RunState, SessionError, new_run_dir
@@ -51,7 +54,7 @@ from forge_nb.watch import StepView, Watch
 __all__ = ["Session", "SessionError"]
 
 
-class Session(ExternalAgentsMixin):
+class Session:
     """What a notebook, a script or the CLI holds: one run's state, its actors, its live code, its endpoint."""
 
     def __init__(self, config: Config, data: Any = None) -> None:
@@ -61,7 +64,7 @@ class Session(ExternalAgentsMixin):
         self.checkpoints = Checkpoints(config, self.run_dir)
         self.live_code = LiveCodeManager(config)
         self.agents = AgentRollouts(lambda: self.live_code.registry)
-        self.actors: Roles | None = None
+        self.fleet: Fleet | None = None
         self.watcher: Watch | None = None
         self._watch_fired = False
         # The generator side (rollout, sync, reward and rollout swaps) and the trainer side (train, loss swaps)
@@ -85,7 +88,7 @@ class Session(ExternalAgentsMixin):
         """A session that goes on exactly where the checkpoint at `path` was (`save`, or a periodic one):
         its own mesh, the same weights, optimizer state, counters, task position, buffer, live code and
         metrics. `overrides` change config fields (e.g. ``lr=1e-5``, ``engine="vllm"``)."""
-        ckpt = checkpoint.read(path)
+        ckpt = checkpoint_files.read(path)
         session = cls(Config.from_dict(ckpt.session_config()).updated(overrides), ckpt.data)
         start, session.live_code.registry = session.checkpoints.load(ckpt, session.state)
         session._start(start)
@@ -110,15 +113,15 @@ class Session(ExternalAgentsMixin):
         state.open_logs(self.run_dir, self.run_id)
         try:
             args = (cfg, self.engine_name, self.tokenizer.pad_token_id, rewards, loss, state.versions)
-            self.actors = actors = Roles(*args, self._event, start)
+            self.fleet = fleet = Fleet(*args, self._event, start)
             if cfg.checkpoint.on_trainer_failure == "restore":
-                actors.restore_from = self.checkpoints.newest
-            actors.judges.connect(state.metrics)  # "judge" rows: the judge's calls and timings
+                fleet.restore_from = self.checkpoints.newest
+            fleet.judges.connect(state.metrics)  # "judge" rows: the judge's calls and timings
             lifecycle.register(self)  # after the spawns: our exit hook then runs before the ones Monarch adds
-            actors.wait_ready()
-            actors.attach_weights(cfg.weights.transport)
-            self.live_code.connect(actors, self.generation_lock, self.training_lock, state, self.probe_samples)
-            self.agents.connect(actors.envs, self.generation_lock, lambda a: evaluation.probe_agents(actors, state, a))
+            fleet.wait_ready()
+            fleet.weights.attach()
+            self.live_code.connect(fleet, self.generation_lock, self.training_lock, state, self.probe_samples)
+            self.agents.connect(fleet.envs, self.generation_lock, lambda a: evaluation.probe_agents(fleet, state, a))
             self.agents.restore()
             heap.hold(self)  # the start-up heap out of full collections while this session is up
         except Exception as e:
@@ -133,20 +136,20 @@ class Session(ExternalAgentsMixin):
 
     @property
     def is_up(self) -> bool:
-        return self.actors is not None
+        return self.fleet is not None
 
     def down(self) -> None:
         """Stop every proc this session started, and its endpoint. Safe to call twice."""
         self.runs.stop()
         self._stop_endpoint()
-        actors, self.actors = self.actors, None
+        fleet, self.fleet = self.fleet, None
         lifecycle.unregister(self)
         self.state.close_logs()
         heap.release(self)
-        if actors is None:
+        if fleet is None:
             return
         self._event("session", "down")
-        errors = actors.stop()
+        errors = fleet.stop()
         if errors:
             raise SessionError("forge_nb: some procs did not stop cleanly: " + "; ".join(errors))
 
@@ -156,10 +159,10 @@ class Session(ExternalAgentsMixin):
     def __exit__(self, *exc: object) -> None:
         self.down()
 
-    def _require_up(self) -> Roles:
-        if self.actors is None:
+    def _require_up(self) -> Fleet:
+        if self.fleet is None:
             raise SessionError("forge_nb: the session is down; start one with forge_nb.up()")
-        return self.actors
+        return self.fleet
 
     # -- read-only views of the run's state ----------------------------------------------------------
     @property
@@ -340,15 +343,45 @@ class Session(ExternalAgentsMixin):
         """Every reward and loss version (see `versions()` for a table)."""
         return self.live_code.registry
 
+    # -- agents outside the mesh ---------------------------------------------------------------------------
+    def endpoint(self, host: str = "127.0.0.1") -> ExternalAgents:
+        """The session's OpenAI-compatible endpoint (started on first use on `host`, stopped by `down`): `.url`
+        and `.api_key` (the per-session token every request must carry), `.trajectory(row)`."""
+        self._require_up()
+        if self.state.external is None:
+            agent = self.config.agent
+            limits = Limits(agent.max_turns, agent.max_total_tokens, self.config.engine.max_tokens)
+            sampling = replace(self.state.sampling(1), seed=None)
+            self.state.external = ExternalAgents(self.tokenizer, self._generate_ids, sampling, limits, host)
+        return self.state.external
+
+    @contextmanager
+    def trajectory(self, row: dict) -> Iterator[OpenTrajectory]:
+        """One trajectory of `row` for an agent in another process: ``with s.trajectory(row) as t:`` gives
+        `t.base_url` and `t.api_key`; `t.reward(x)` sets its reward. Closed trajectories train at the next
+        batch once `algorithm.group_size` of the same row are in (`agents.external`)."""
+        with self.endpoint().trajectory(row) as opened:
+            yield opened
+
+    def _generate_ids(self, prompts: list[list[int]], sampling: SamplingParams) -> tuple[list[list[Completion]], int]:
+        with self.generation_lock:
+            generation = self._require_up().generate(prompts, sampling)
+        return generation.completions, generation.policy_version
+
+    def _stop_endpoint(self) -> None:
+        external, self.state.external = self.state.external, None
+        if external is not None:
+            external.stop()
+
     # -- inspection ----------------------------------------------------------------------------------------
     def status(self) -> dict[str, Any]:
         """Mesh, actors, versions, the background run, recent events and errors, as a dict (`status`)."""
-        return session_status(self.state, self.actors, self.live_code, self.runs, self.run_dir)
+        return session_status(self.state, self.fleet, self.live_code, self.runs, self.run_dir)
 
     @property
     def pids(self) -> dict[str, list[int]]:
         """Process ids of each role's procs."""
-        return self.actors.pids if self.actors is not None else {}
+        return self.fleet.pids if self.fleet is not None else {}
 
     @property
     def metrics(self) -> pd.DataFrame:
@@ -384,8 +417,8 @@ class Session(ExternalAgentsMixin):
         counters and versions, the task stream's position, the buffer, every reward and loss version, the metrics
         (`forge_nb.run.checkpoints`). `forge_nb.resume(path)` goes on from it."""
         with self.whole_step():
-            actors = self._require_up()
-            return self.checkpoints.save(path, self.state, actors, self.live_code.registry, self.tokenizer)
+            fleet = self._require_up()
+            return self.checkpoints.save(path, self.state, fleet, self.live_code.registry, self.tokenizer)
 
     def save_checkpoint(self, path: str | Path) -> int:
         """Write the trainer's current weights and the tokenizer as an HF model directory -> version."""

@@ -2,7 +2,7 @@
 
 The step (`forge_nb.step`) reads it and moves it on (counters, buffer, metrics); checkpoints write it
 and read it back (`forge_nb.run.checkpoints`); the mesh keeps its policy versions current
-(`fleet.fleet.Roles` writes `versions`).
+(`fleet.weight_sync.WeightSync` writes `versions`).
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from forge_nb.fleet.fleet import Roles
+from forge_nb.fleet.fleet import Fleet
 from forge_nb.live.manager import LiveCodeManager
 from forge_nb.loop import RunSlot
 from forge_nb.paths import model_label
@@ -13,15 +13,15 @@ from forge_nb.state import RunState
 
 
 def session_status(
-    st: RunState, actors: Roles | None, live_code: LiveCodeManager, runs: RunSlot, run_dir: Path
+    st: RunState, fleet: Fleet | None, live_code: LiveCodeManager, runs: RunSlot, run_dir: Path
 ) -> dict[str, Any]:
     """Mesh, actors and versions, the background run, recent events and errors, as a dict."""
-    if actors is None:
+    if fleet is None:
         return {"up": False, "steps": st.step_count}
     run = runs.current
     return {
         "up": True,
-        **actors.describe(),
+        **fleet.describe(),
         "steps": st.step_count,
         "policy_version": {"trainer": st.versions.trained, "generator": st.versions.served},
         "samples": st.buffer.added,
@@ -32,7 +32,7 @@ def session_status(
         "reward_errors": len(st.reward_errors),
         "last_reward_errors": st.reward_errors[-3:],
         "model": model_label(st.config.model.path),  # a name, or the folder as typed (no machine paths)
-        "trainer": trainer_sizes(actors),
+        "trainer": trainer_sizes(fleet),
         "run_dir": str(run_dir),
         "log_errors": [e for e in [st.rollout_log and st.rollout_log.error, *st.trackers.errors] if e],
     }
@@ -41,12 +41,12 @@ def session_status(
 SIZES = ("lora", "trainable_params", "total_params", "adapter_bytes", "refresh_bytes", "loaded")
 
 
-def trainer_sizes(actors: Roles | None) -> dict[str, Any]:
+def trainer_sizes(fleet: Fleet | None) -> dict[str, Any]:
     """What the trainer trains and ships: whether it is a LoRA adapter, trainable and total parameters,
     the adapter's bytes (0 without LoRA), the bytes one refresh moves (`Trainer.sizes`), and how it loaded
     the model (`Policy.loaded`: "by rows", "whole", or "whole: <why>" for a gang that could not read its rows);
     {} when down."""
-    infos = actors.info.get("trainer") or [] if actors is not None else []
+    infos = fleet.info.get("trainer") or [] if fleet is not None else []
     details = infos[0].details if infos else {}
     sizes = {k: details[k] for k in SIZES if k in details}
     if "refresh_bytes" in sizes:  # a gang's ranks each publish their shards: a refresh moves them all

@@ -8,8 +8,8 @@
               `algorithm.mini_batches` of them) and publishes version v + 1
     sync      every generator replica loads v + 1 (/dev/shm on the trainer's host, its TCP streams elsewhere)
 
-The actor calls are in `fleet.fleet.Roles`, the pure pieces in `rl/` and `rewards/`, the state they
-move on in `state.RunState`. Nothing here takes a lock or knows about notebooks: the session holds
+The actor calls are in `fleet.fleet.Fleet`, the pure pieces in `rl/pipeline.py` and `rewards/`, the state
+they move on in `state.RunState`. Nothing here takes a lock or knows about notebooks: the session holds
 the locks around these calls (`Session.step`, `Session.rollout`, ...), and background runs call the
 same functions through it (`loop`). Each trained batch becomes one `StepRow` on the metrics stream.
 """
@@ -23,16 +23,17 @@ from typing import Any
 from forge_nb.actors.trainer import LossFailedAfterSteps, TrainResult
 from forge_nb.agents.episodes import episodes_of, own_reward, row_of, share_with_segments, trajectory_ends
 from forge_nb.engines.base import SamplingParams
-from forge_nb.fleet.fleet import Roles
-from forge_nb.rl import rollout as pipeline
+from forge_nb.fleet.fleet import Fleet
+from forge_nb.rl import pipeline
 from forge_nb.rl.episode import Episode
-from forge_nb.rl.rollout import EmptyTrainBatch, Rollout, reward_batch
+from forge_nb.rl.pipeline import EmptyTrainBatch, reward_batch
+from forge_nb.rl.rollout import Rollout
 from forge_nb.run.rollout_log import Batch
 from forge_nb.state import RunState, SessionError
 from forge_nb.tasks import Problem
 
 
-def rollout(state: RunState, roles: Roles, problems: list[Problem] | None = None) -> Rollout:
+def rollout(state: RunState, fleet: Fleet, problems: list[Problem] | None = None) -> Rollout:
     """Generate G samples for each prompt (the task's next P by default) -- G multi-turn trajectories
     when an agent rollout is live (`generate_agents`), or the complete groups agents outside the mesh
     contributed when any wait (`take_external`) -- score them, give them group-relative advantages."""
@@ -44,20 +45,20 @@ def rollout(state: RunState, roles: Roles, problems: list[Problem] | None = None
         trajectories = outside[0]
         episodes, own = episodes_of(trajectories, problems, state.next_sample_id), [own_reward(t) for t in trajectories]
         generate_s, version = max(t.info["seconds"] for t in trajectories), min(e.policy_version for e in episodes)
-    elif roles.envs.live is not None:
+    elif fleet.envs.live is not None:
         start = time.perf_counter()
-        episodes, own = generate_agents(state, roles, problems, sampling)
+        episodes, own = generate_agents(state, fleet, problems, sampling)
         generate_s, version = time.perf_counter() - start, min(e.policy_version for e in episodes)
     else:
         texts, ids = state.prompts.render_all(problems)
-        generation = roles.generate(ids, sampling)
+        generation = fleet.generate(ids, sampling)
         generate_s, version, own = generation.seconds, generation.policy_version, None
         episodes = pipeline.make_episodes(problems, texts, generation.completions, version, state.next_sample_id)
     state.next_sample_id += len(episodes)
-    reference = roles.reference_logprobs(episodes)  # the reference runs while the reward procs score
+    reference = fleet.ask_reference(episodes)  # the reference runs while the reward procs score
     ends = trajectory_ends(episodes)  # one per sample: a trajectory's earlier segments share its scores
-    score_s, weights = score(state, roles, ends, own)
-    reference_s = roles.attach_reference(episodes, reference)
+    score_s, weights = score(state, fleet, ends, own)
+    reference_s = fleet.attach_reference(episodes, reference)
     advantages(state, ends, sampling.n, weights)
     share_with_segments(episodes)
     accuracy = sum(state.task.verify(e.completion, e.target) for e in ends) / len(ends)
@@ -77,7 +78,7 @@ def take_external(state: RunState, group_size: int) -> tuple[list, list[Problem]
 
 
 def generate_agents(
-    state: RunState, roles: Roles, problems: list[Problem], sampling: SamplingParams
+    state: RunState, fleet: Fleet, problems: list[Problem], sampling: SamplingParams
 ) -> tuple[list[Episode], list[float | None]]:
     """G trajectories per problem from the live agent rollout, in the env procs (their model calls go to
     the generator replicas, batched per turn) -> one episode per trajectory, and each trajectory's own
@@ -85,18 +86,18 @@ def generate_agents(
     episode per segment (`agents.episodes`); `own` has one entry per trajectory."""
     context = {"step": state.step_count, "policy_version": state.versions.served}
     rows = [row_of(p) for p in problems]
-    trajectories = roles.envs.rollouts(rows, sampling.n, sampling, context)
+    trajectories = fleet.envs.rollouts(rows, sampling.n, sampling, context)
     return episodes_of(trajectories, problems, state.next_sample_id), [own_reward(t) for t in trajectories]
 
 
 def score(
-    state: RunState, roles: Roles, episodes: list[Episode], own: list[float | None] | None = None
+    state: RunState, fleet: Fleet, episodes: list[Episode], own: list[float | None] | None = None
 ) -> tuple[float, dict[str, float]]:
     """The live reward set on every episode, in the reward procs -> (seconds, each member's weight). A sample a
     reward failed on keeps reward None and its error (also in `state.reward_errors`). A trajectory with a reward
     of its own (`own`) trains on that; the live rewards' scores are kept beside it."""
     start, weights = time.perf_counter(), {}
-    for part, scores in roles.score(reward_batch(episodes, state.step_count)):
+    for part, scores in fleet.score(reward_batch(episodes, state.step_count)):
         state.reward_errors += pipeline.apply_scores(episodes[part], scores)
         weights = {**weights, **scores.weights}  # (every shard scores under the one live set)
     for e, reward in zip(episodes, own or ()):
@@ -116,7 +117,7 @@ def advantages(state: RunState, episodes: list[Episode], group_size: int, weight
     pipeline.assign_advantages(episodes, group_size, a.normalize_std, a.group_std == "sample", a.std_over, decoupled)
 
 
-def train(state: RunState, roles: Roles, batch: Rollout, loss_version: int) -> dict[str, Any]:
+def train(state: RunState, fleet: Fleet, batch: Rollout, loss_version: int) -> dict[str, Any]:
     """The trainer's steps on the batch's informative groups (one, or `algorithm.epochs` x
     `algorithm.mini_batches`) -> metrics (loss, grad_norm, updates, policy_version, train_seconds, ...).
     Counts one trained batch (`state.step_count`), also when dynamic sampling left nothing to train on (no
@@ -128,10 +129,11 @@ def train(state: RunState, roles: Roles, batch: Rollout, loss_version: int) -> d
         episodes = pipeline.train_subset(batch.episodes, a.dynamic_sampling, a.normalize_each_reward)
     except EmptyTrainBatch as e:
         raise SessionError(f"forge_nb: {e}") from None
-    staleness = state.versions.trained - batch.policy_version
+    behind = staleness(state, batch)
     if episodes:
         kept, masked = state.rollout_log is not None, state.config.algorithm.mask_truncated
-        result = roles.train_step(episodes, keep_logprobs=kept, mask_truncated=masked)
+        fleet.attach_reference(episodes)  # those a rollout made before the reference ran, if any
+        result = fleet.train_batch(episodes, keep_logprobs=kept, mask_truncated=masked)
         for e in episodes:
             e.loss_version = result.loss_version
     else:
@@ -139,8 +141,15 @@ def train(state: RunState, roles: Roles, batch: Rollout, loss_version: int) -> d
         result = TrainResult(state.versions.trained, loss_version, stats, 0.0, 0.0)
     state.step_count += 1  # this batch is step `step_count`: its train row, step row and log file
     state.metrics.emit("train", step=state.step_count, **result.as_dict())
-    log_batch(state, batch, episodes, result.token_logprobs or [], staleness)
-    return result.as_dict() | ({"loss_error": result.error} if result.error is not None else {})
+    log_batch(state, batch, episodes, result.token_logprobs or [], behind)
+    trained = {**result.as_dict(), "staleness": behind}
+    return trained | ({"loss_error": result.error} if result.error is not None else {})
+
+
+def staleness(state: RunState, batch: Rollout) -> int:
+    """How many policy versions `batch` lags behind the trainer, were it trained now: the trainer's version minus
+    the one that generated it (0 on-policy)."""
+    return state.versions.trained - batch.policy_version
 
 
 def raise_loss_error(trained: dict[str, Any]) -> dict[str, Any]:
@@ -151,28 +160,40 @@ def raise_loss_error(trained: dict[str, Any]) -> dict[str, Any]:
     return trained
 
 
-def sync(state: RunState, roles: Roles) -> dict[str, Any]:
+def sync(state: RunState, fleet: Fleet) -> dict[str, Any]:
     """Every generator replica loads the trainer's latest version -> report: version,
     previous_version, bytes, seconds, transfer_seconds, total_seconds, gbps, skipped, transport."""
     start = time.perf_counter()
-    report = roles.refresh()
+    report = fleet.refresh()
     row = {**report.as_dict(), "total_seconds": time.perf_counter() - start}
     state.metrics.emit("sync", step=state.step_count, **row)
     return row
 
 
-def sync_step(state: RunState, roles: Roles, loss_version: int) -> tuple[StepRow, Rollout, dict[str, Any]]:
+def sync_step(state: RunState, fleet: Fleet, loss_version: int) -> tuple[StepRow, Rollout, dict[str, Any]]:
     """rollout -> train -> sync on the task's next prompts -> the step's row (also on the metrics
     stream), the batch and the train metrics."""
     start = time.perf_counter()
-    batch = rollout(state, roles)
-    staleness = state.versions.trained - batch.policy_version
-    trained = train(state, roles, batch, loss_version)
-    refresh = sync(state, roles)
-    seconds = time.perf_counter() - start
-    row = StepRow.of(state.step_count, "sync", batch, trained, refresh["version"], staleness, seconds, refresh)
-    state.metrics.emit("step", **row.as_dict())
+    batch = rollout(state, fleet)
+    trained = train(state, fleet, batch, loss_version)
+    refresh = sync(state, fleet)
+    row = record_step(state, "sync", batch, trained, time.perf_counter() - start, refresh)
     return row, batch, trained
+
+
+def record_step(
+    state: RunState,
+    mode: str,
+    batch: Rollout,
+    trained: dict[str, Any],
+    seconds: float,
+    refresh: dict[str, Any] | None = None,
+) -> StepRow:
+    """The row of trained batch `state.step_count` (a sync step's, or an async run's, whose refreshes happen
+    between generator batches: `refresh` None), on the metrics stream -> the row."""
+    row = StepRow.of(state.step_count, mode, batch, trained, state.versions.served, seconds, refresh)
+    state.metrics.emit("step", **row.as_dict())
+    return row
 
 
 def log_batch(
@@ -238,7 +259,6 @@ class StepRow:
         batch: Rollout,
         train: dict[str, Any],
         generator_version: int,
-        staleness: int,
         step_s: float,
         refresh: dict[str, Any] | None = None,
     ) -> StepRow:
@@ -247,7 +267,7 @@ class StepRow:
             mode=mode,
             policy_version=train["policy_version"],
             generator_version=generator_version,
-            staleness=staleness,
+            staleness=train["staleness"],
             mean_reward=batch.mean_reward,
             accuracy=batch.accuracy,
             tokens_per_s=batch.tokens_per_s,

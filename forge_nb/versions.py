@@ -3,7 +3,7 @@
 A policy version counts the trainer's optimizer steps: the trainer publishes version v + 1 after its
 step from v; a generator serves the version it last refreshed to. Inside the actors the publisher
 (`weights.publish.WeightPublisher`) and the receiver (`weights.refresh.WeightReceiver`) hold the truth;
-in the kernel this object does. Only `fleet.fleet.Roles` writes it, as the actors' answers arrive
+in the kernel this object does. Only `fleet.weight_sync.WeightSync` writes it, as the actors' answers arrive
 (a train step, a refresh, a restored trainer, a resume); everything else reads it.
 """
 

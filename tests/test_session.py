@@ -24,7 +24,7 @@ def test_generator_logprobs_agree_with_trainer_recompute_at_the_same_version(ses
     r = session.rollout()
     versions = session.checksums()
     assert versions["trainer"][0] == versions["generator"][0] == r.policy_version
-    recomputed = session.actors.trainer.logprobs.call_one(
+    recomputed = session.fleet.trainer.logprobs.call_one(
         [e.prompt_ids for e in r.episodes], [e.completion_ids for e in r.episodes]
     ).get()
     diff = max(abs(a - b) for e, lps in zip(r.episodes, recomputed) for a, b in zip(e.logprobs, lps))

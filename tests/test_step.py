@@ -1,4 +1,4 @@
-"""The step's order and bookkeeping, on stand-in roles (the real ones are tested on a mesh)."""
+"""The step's order and bookkeeping, on a stand-in fleet (the real ones are tested on a mesh)."""
 
 from types import SimpleNamespace
 
@@ -18,7 +18,7 @@ class _Prompts:
         return [p.prompt for p in problems], [[1, 2] for _ in problems]
 
 
-class _Roles:
+class _Fleet:
     """Records the calls the step makes, in order, and answers like the actors do."""
 
     def __init__(self, state: RunState) -> None:
@@ -30,10 +30,10 @@ class _Roles:
         group = [Completion([1, 2], [3], [-0.5], str(i), "stop") for i in range(sampling.n)]
         return Generation([group for _ in ids], self.state.versions.served, 0.1)
 
-    def reference_logprobs(self, episodes):
+    def ask_reference(self, episodes):
         return None
 
-    def attach_reference(self, episodes, reference):
+    def attach_reference(self, episodes, reference=None):
         return 0.0
 
     def score(self, batch):
@@ -41,8 +41,8 @@ class _Roles:
         rewards = [float(i % 2) for i in range(len(batch))]
         return [(slice(0, len(batch)), Scores(rewards, components={"reward": rewards}))]
 
-    def train_step(self, episodes, keep_logprobs=True, mask_truncated=False):
-        self.calls.append("train_step")
+    def train_batch(self, episodes, keep_logprobs=True, mask_truncated=False):
+        self.calls.append("train_batch")
         self.kept_logprobs.append(keep_logprobs)
         self.state.versions.trained += 1
         return TrainResult(self.state.versions.trained, 0, {"loss": 0.3, "grad_norm": 1.5}, 0.2, 0.01)
@@ -62,9 +62,9 @@ def _state() -> RunState:
 
 def test_a_sync_step_is_rollout_score_train_sync_and_emits_one_row_per_phase():
     state = _state()
-    roles = _Roles(state)
+    roles = _Fleet(state)
     row, batch, trained = step.sync_step(state, roles, loss_version=0)
-    assert roles.calls == ["generate", "score", "train_step", "refresh"]
+    assert roles.calls == ["generate", "score", "train_batch", "refresh"]
     assert (row.step, row.mode, row.policy_version, row.generator_version, row.staleness) == (1, "sync", 1, 1, 0)
     assert (row.train_s, row.refresh_gbps, row.loss) == (0.2, 1000 / 0.5 / 1e9, 0.3) and trained["grad_norm"] == 1.5
     assert [e.sample_id for e in batch.episodes] == [0, 1, 2, 3] and state.next_sample_id == 4
@@ -76,18 +76,18 @@ def test_a_sync_step_is_rollout_score_train_sync_and_emits_one_row_per_phase():
 def test_a_batch_with_nothing_to_train_counts_a_step_but_takes_none():
     state = _state()
     state.config = Config().updated({"prompts_per_step": 2, "group_size": 2, "dynamic_sampling": True})
-    roles = _Roles(state)
+    roles = _Fleet(state)
     batch = step.rollout(state, roles)
     for e in batch.episodes:
         e.reward, e.advantage = 1.0, 0.0  # every group all-equal: dynamic sampling leaves nothing
     trained = step.train(state, roles, batch, loss_version=3)
-    assert "train_step" not in roles.calls and trained["skipped"] and trained["loss_version"] == 3
+    assert "train_batch" not in roles.calls and trained["skipped"] and trained["loss_version"] == 3
     assert state.step_count == 1 and state.versions.trained == 0
 
 
 def test_the_trainer_answers_with_its_logprobs_only_when_a_rollout_log_keeps_them():
     state = _state()
-    roles = _Roles(state)
+    roles = _Fleet(state)
     step.sync_step(state, roles, loss_version=0)  # no rollout log (`log.samples` false)
     logged = []
     state.rollout_log = SimpleNamespace(append=logged.append)
@@ -99,7 +99,7 @@ def test_gdpo_takes_the_members_weights_from_the_scores():
     """With reward_aggregation="normalize_then_sum", each member is normalised in its group on its own, weighted
     as the reward procs weighted it."""
 
-    class _TwoMembers(_Roles):
+    class _TwoMembers(_Fleet):
         def score(self, batch):
             components = {"big": [100.0 * (i // 2 % 2) for i in range(len(batch))]}
             components["small"] = [float(i % 2) for i in range(len(batch))]

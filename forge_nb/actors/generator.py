@@ -169,8 +169,13 @@ class Generator(AsyncForgeActor):
 
     @endpoint
     async def served(self) -> int:
-        """The policy version served now."""
+        """The policy version served now (a torn replica's: the one it served whole last)."""
         return self.version
+
+    @endpoint
+    async def needs(self, version: int) -> bool:
+        """Whether a refresh to `version` would load anything (`WeightReceiver.needs`)."""
+        return self.receiver is None or self.receiver.needs(version)
 
     @endpoint
     async def save_weights(self, path: str) -> int:
@@ -213,10 +218,10 @@ class Generator(AsyncForgeActor):
             return self.version, checksum(self.engine.named_weights())
 
     @endpoint
-    async def score(
+    async def logprobs(
         self, prompt_ids: list[list[int]], completion_ids: list[list[int]]
     ) -> tuple[list[list[float]], int]:
         """-> (teacher-forced logprobs at temperature 1 from the served weights, policy version)."""
         self._whole()
         with self._serving():
-            return self.engine.score(prompt_ids, completion_ids), self.version
+            return self.engine.logprobs(prompt_ids, completion_ids), self.version

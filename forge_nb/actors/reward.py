@@ -66,7 +66,7 @@ class RewardWorker(ForgeActor):
 
         The batch runs in a worker thread: past `timeout_s` x samples x members the unscored samples
         are marked timed out and the actor answers with ``timed_out`` set; a thread cannot be killed,
-        so the session then replaces this proc (`fleet.fleet.Roles.replace_rewards`).
+        so the session then replaces this proc (`Fleet.replace_rewards`).
         """
         fns, weights, version = self.fns, self.weights, self.version
         components = {name: [None] * len(batch) for name in fns}

@@ -155,7 +155,13 @@ class Trainer(ForgeActor):
         )
         self._group_spec: GroupSpec | None = None  # weights.transport "group": this rank's broadcast group
         self._group: GroupSender | None = None
-        self._ready(device=str(self.policy.device), lora=self.policy.lora, loaded=self.policy.loaded, **self.sizes())
+        self._ready(
+            device=str(self.policy.device),
+            lora=self.policy.lora,
+            loaded=self.policy.loaded,
+            policy_version=self.version,  # a restored trainer's says where it starts
+            **self.sizes(),
+        )
 
     def sizes(self) -> dict[str, int]:
         """Trainable and total parameters, the adapter's bytes (0 without LoRA), the bytes of this rank's
@@ -175,7 +181,7 @@ class Trainer(ForgeActor):
         self.loss_fn, self.loss_version, self.loss_inert = compile_function(code), version, code.zero_advantage_inert
 
     @endpoint
-    def train_step(self, batch: TrainBatch) -> TrainResult:
+    def train_batch(self, batch: TrainBatch) -> TrainResult:
         """The batch's optimizer steps (`algorithm.epochs` passes over B sequences, `algorithm.mini_batches`
         steps each: `rl.updates`; one by default; every rank gets the whole batch and runs its part), then
         publish the new weights. The policy version goes up by one a batch; the published snapshot holds it

@@ -53,7 +53,7 @@ class ExternalAgents:
     """The session's endpoint and the trajectories outside agents closed, waiting for a batch.
 
     `generate(prompt_ids, sampling) -> one group of completions per prompt` is the generator
-    (`Roles.generate` on token ids); `sampling` gives every call's defaults, `limits` each trajectory's; the
+    (`Fleet.generate` on token ids); `sampling` gives every call's defaults, `limits` each trajectory's; the
     endpoint listens on `host` (127.0.0.1: this machine only; an address of the mesh's network for agents on
     other hosts: every request still needs the token)."""
 

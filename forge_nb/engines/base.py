@@ -57,7 +57,7 @@ class Engine(Protocol):
         """`sampling.n` completions for every prompt: result[i][j] is sample j of prompt i."""
         ...
 
-    def score(self, prompt_ids: list[list[int]], completion_ids: list[list[int]]) -> list[list[float]]:
+    def logprobs(self, prompt_ids: list[list[int]], completion_ids: list[list[int]]) -> list[list[float]]:
         """Teacher-forced logprobs (temperature 1) of each completion's tokens after its prompt."""
         ...
 

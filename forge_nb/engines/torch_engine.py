@@ -171,7 +171,7 @@ class TorchEngine:
         token = torch.multinomial(probs, 1, generator=self._generator)[:, 0]
         return token, logp.gather(-1, token[:, None])[:, 0]
 
-    def score(self, prompt_ids: list[list[int]], completion_ids: list[list[int]]) -> list[list[float]]:
+    def logprobs(self, prompt_ids: list[list[int]], completion_ids: list[list[int]]) -> list[list[float]]:
         """Teacher-forced logprobs (temperature 1) of each completion after its prompt."""
         return completion_logprobs(self.model, prompt_ids, completion_ids, self.pad_id, 1.0)
 

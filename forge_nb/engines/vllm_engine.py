@@ -187,7 +187,7 @@ class VllmEngine:
         text, _ = cut_at_stop(self.tokenizer.decode(ids, skip_special_tokens=True), stop)
         return Completion(prompt_ids, ids, logprobs, text, "stop" if out.finish_reason == "stop" else "length")
 
-    def score(self, prompt_ids: list[list[int]], completion_ids: list[list[int]]) -> list[list[float]]:
+    def logprobs(self, prompt_ids: list[list[int]], completion_ids: list[list[int]]) -> list[list[float]]:
         """Teacher-forced logprobs (temperature 1) of each completion after its prompt, from the served
         weights: vLLM's prompt logprobs over prompt + completion."""
         from vllm import SamplingParams as VllmSamplingParams

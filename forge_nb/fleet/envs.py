@@ -8,12 +8,15 @@ stopped otherwise) and fails with a clear error; the step is not taken.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from forge_nb.actors.env import AgentCode, EnvSpec, EnvWorker
 from forge_nb.agents.trajectory import Trajectory
 from forge_nb.engines.base import SamplingParams
 from forge_nb.runtime.calls import replica, shards, wait
+
+if TYPE_CHECKING:
+    from forge_nb.fleet.fleet import Fleet
 
 ROLE = "env"
 
@@ -25,8 +28,8 @@ class AgentTimeout(RuntimeError):
 class EnvPool:
     """The env procs of a session (none until `start`), the live rollout they run, and the calls on them."""
 
-    def __init__(self, roles: Any, spec: EnvSpec, procs: int, timeout_s: float) -> None:
-        self.roles, self.spec, self.procs, self.timeout_s = roles, spec, procs, timeout_s
+    def __init__(self, fleet: Fleet, spec: EnvSpec, procs: int, timeout_s: float) -> None:
+        self.fleet, self.spec, self.procs, self.timeout_s = fleet, spec, procs, timeout_s
         self.actors: Any = None
         self.live: tuple[AgentCode, int] | None = None
 
@@ -36,18 +39,18 @@ class EnvPool:
 
     def start(self) -> None:
         """Spawn the env procs and attach them to the generators (once; again after a replacement)."""
-        old = self.roles.local_pids(ROLE) if self.actors is not None else []
-        spawn = self.roles.mesh.replace if old else self.roles.mesh.spawn
+        old = self.fleet.local_pids(ROLE) if self.actors is not None else []
+        spawn = self.fleet.mesh.replace if old else self.fleet.mesh.spawn
         args = (ROLE, EnvWorker, self.spec, old) if old else (ROLE, EnvWorker, self.spec)
         self.actors = spawn(*args, procs=self.procs)
-        self.roles.info[ROLE] = list(wait(self.actors.ready.call()).values())
+        self.fleet.info[ROLE] = list(wait(self.actors.ready.call()).values())
         self.attach_generator()
         if self.live is not None:
             wait(self.actors.set_rollout.call(*self.live))
 
     def attach_generator(self) -> None:
         if self.actors is not None:
-            wait(self.actors.attach_generator.call(self.roles.generator, self.roles.generator_procs))
+            wait(self.actors.attach_generator.call(self.fleet.generator, self.fleet.generator_procs))
 
     def set_rollout(self, agent: AgentCode | None, version: int) -> None:
         """Make `agent` live as `version` in every env proc (starting them the first time); None: the
@@ -79,7 +82,7 @@ class EnvPool:
         except TimeoutError:
             self.start()
             what = f"agent rollouts ran past agent.batch_timeout_s={self.timeout_s:g} s: procs replaced"
-            self.roles.on_event(ROLE, what)
+            self.fleet.on_event(ROLE, what)
             raise AgentTimeout(
                 f"agent rollouts of step {context.get('step')} did not finish within agent.batch_timeout_s="
                 f"{self.timeout_s:g} s; the env procs were replaced and no step was taken"

@@ -1,20 +1,25 @@
-"""The session's actors on a mesh: spawned from one `Config`, and every call the session makes on them.
+"""The session's actors as one object: spawned from one `Config` onto a mesh, every call the session makes on
+them, and how each role starts afresh when its procs are lost.
 
-Batches are split over a role's procs here: contiguous shards sent concurrently, results put back
-in order. Generator replicas always serve the same policy version; a disagreement is an error.
+Roles: generator replicas, the trainer (one proc, or a gang), reward workers, the live-code checker and (with
+``algorithm.kl_coef > 0``) the frozen reference model, each in procs of its own on a mesh the fleet owns; judge
+actors and env procs start when first needed. Batches are split over a role's procs here: contiguous shards sent
+concurrently, results put back in order. Generator replicas always serve the same policy version; a disagreement
+is an error. Parts with a concept of their own: `recovery` (when a role is started afresh and a call issued
+again), `weight_sync` (attach and refresh; the only writer of the policy versions), `checker`, `judges`, `envs`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import socket
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from monarch.actor import ActorError
 from tqdm.auto import tqdm
 
 from forge_nb.actors.base import ActorInfo
@@ -23,14 +28,16 @@ from forge_nb.actors.generator import Generation, Generator, GeneratorSpec
 from forge_nb.actors.reference import Reference, ReferenceSpec
 from forge_nb.actors.reward import RewardSpec, RewardWorker
 from forge_nb.actors.trainer import Trainer, TrainerSpec, TrainResult
-from forge_nb.config import Config, WeightsConfig
+from forge_nb.config import Config
 from forge_nb.engines.base import SamplingParams
-from forge_nb.fleet import weight_sync as weight_groups
 from forge_nb.fleet.checker import ROLE as CHECKER
 from forge_nb.fleet.checker import Checker
+from forge_nb.fleet.envs import ROLE as ENV
 from forge_nb.fleet.envs import EnvPool
+from forge_nb.fleet.judges import ROLE as JUDGE
 from forge_nb.fleet.judges import JudgePool
-from forge_nb.fleet.recovery import Supervised
+from forge_nb.fleet.recovery import Recovery, TrainerLost
+from forge_nb.fleet.weight_sync import WeightSync
 from forge_nb.launch.local import LocalMesh
 from forge_nb.launch.placement import Placement, hosts_for, plan, slurm_nodes
 from forge_nb.launch.slurm import SlurmMesh
@@ -43,8 +50,7 @@ from forge_nb.rl.episode import Episode
 from forge_nb.runtime import last_words, supervision
 from forge_nb.runtime.calls import GangFuture, gang_call, on_gang, replica, shards, wait
 from forge_nb.versions import PolicyVersions
-from forge_nb.weights.manifest import WeightManifest
-from forge_nb.weights.refresh import RefreshReport
+from forge_nb.weights.refresh import RefreshError, RefreshReport
 
 
 class ReplicaMismatch(RuntimeError):
@@ -65,11 +71,9 @@ class StartFrom:
     reward_version: int
 
 
-class Roles(Supervised):
-    """Generator replicas, the trainer, reward workers, the live-code checker and (with
-    ``algorithm.kl_coef > 0``) the frozen reference model, each role in procs of its own on `mesh`,
-    which they own. `on_event(role, what)` hears of every proc replaced. A role whose proc dies is
-    started afresh and the call issued again (`fleet.recovery.Supervised`)."""
+class Fleet:
+    """Every actor of one session, on a mesh it owns. `on_event(role, what)` hears of every proc replaced. A
+    role whose proc dies is started afresh and the call issued again (`recovery`)."""
 
     def __init__(
         self,
@@ -82,59 +86,85 @@ class Roles(Supervised):
         on_event: Event | None = None,
         start: StartFrom | None = None,
     ) -> None:
-        """Start the mesh (this host's procs, or a Slurm job's nodes: `SlurmError` if that fails) and
-        spawn every role on it; returns before the actors' constructors finish (`wait_ready`).
-        `versions` is the session's record of policy versions: these roles keep it current."""
-        self.on_event, self.versions = on_event or (lambda role, what: None), versions
+        """Start the mesh (this host's procs, a Slurm job's nodes: `SlurmError` if that fails, or the workers at
+        `mesh.hosts`) and spawn every role on it; returns before the actors' constructors finish (`wait_ready`).
+        `versions` is the session's record of policy versions: `weight_sync` keeps it current."""
+        self.on_event = on_event or (lambda role, what: None)
         self.placement = plan(config, hosts_for(config))  # before anything starts: a ConfigError if it cannot fit
         supervision.install()  # failures reach the session, not the kernel's main thread
         self.mesh = mesh = _start_mesh(config, self.placement)
         self.placement = mesh.placement
-        try:  # every role's actors on the mesh, from one spec each
-            m, self.kind = config.mesh, config.mesh.kind
-            self.reward_timeout_s, self.threads = config.live.timeout_s, m.threads_per_proc
-            self.info: dict[str, list[ActorInfo]] = {}  # filled by wait_ready
-            self.weights_transport: str | None = None  # set by attach_weights
-            self.engine, self.generator_procs, self.reward_procs = engine, m.generator_procs, m.reward_procs
-            self.transport, self.weights_config = config.weights.transport, config.weights
-            self._faults_seen, self._respawned_at = len(supervision.FAULTS), {}
-            self._recovering = threading.RLock()  # heal and respawn, one thread at a time (`fleet.recovery`)
-            self.restore_from: Callable[[], Path | None] | None = None  # the last checkpoint, to restore a trainer
-            self._generator_spec = GeneratorSpec.from_config(config, engine)
-            # The torch engine on the GPUs the plan gave the generator procs, the CPU where it gave none.
-            served_on = self.placement.device("generator", config.model.device)
-            self._generator_spec = dataclasses.replace(self._generator_spec, device=served_on)
-            device = self.placement.device("trainer", config.model.device)
-            self._trainer_spec = dataclasses.replace(TrainerSpec.from_config(config, pad_id, loss), device=device)
-            self.trainer_procs, gang = m.trainer_procs, config.trainer.sharded(m.trainer_procs)
-            # a rank whose peers answered a call and that does not answer this much later is hung (`GangFuture`)
-            self.straggler_s = config.trainer.collective_timeout_s if gang else None
-            reward_version = 0
-            if start is not None:
-                # With LoRA the checkpoint holds adapters: the generator serves the base with the saved one.
-                served = {"adapter_dir" if config.lora.enabled else "model_dir": start.generator_dir}
-                self._generator_spec = dataclasses.replace(self._generator_spec, **served, version=self.versions.served)
-                self._trainer_spec = dataclasses.replace(
-                    self._trainer_spec, resume_from=start.trainer_dir, loss_version=start.loss_version
-                )
-                reward_version = start.reward_version
-            self.generator = mesh.spawn("generator", Generator, self._generator_spec, procs=m.generator_procs)
-            self.trainer = mesh.spawn("trainer", Trainer, self._trainer_spec, procs=self.trainer_procs, gang=gang)
-            self._reward_set = (rewards, reward_version)  # the live set, for replacement procs
-            reward_spec = RewardSpec(rewards, reward_version, config.live.timeout_s, m.threads_per_proc)
-            self.rewards = mesh.spawn("reward", RewardWorker, reward_spec, procs=m.reward_procs)
-            self.reference = None
-            self._reference_spec = dataclasses.replace(ReferenceSpec.from_config(config, pad_id), device=device)
-            # With LoRA the trainer answers for the reference: its base with the adapter off, no second copy.
-            self.reference_on_trainer = config.algorithm.kl_coef > 0 and config.lora.enabled
-            if config.algorithm.kl_coef > 0 and not self.reference_on_trainer:
-                self.reference = mesh.spawn("reference", Reference, self._reference_spec, self.trainer_procs, gang)
-            self.checker = Checker(mesh, 1, self._checker_replaced)
-            self.judges = JudgePool(self, config)  # judge actors, started when a reward first asks one
-            self.envs = EnvPool(self, EnvSpec.from_config(config), m.reward_procs, config.agent.batch_timeout_s)
+        try:
+            self._spawn(config, engine, pad_id, rewards, loss, versions, start)
         except BaseException:
             mesh.stop()
             raise
+
+    def _spawn(
+        self,
+        config: Config,
+        engine: str,
+        pad_id: int,
+        rewards: dict[str, Member],
+        loss: LiveCode,
+        versions: PolicyVersions,
+        start: StartFrom | None,
+    ) -> None:
+        """Every role's actors on the mesh, from one spec each."""
+        m, mesh = config.mesh, self.mesh
+        self.kind, self.engine = m.kind, engine
+        self.reward_timeout_s, self.threads = config.live.timeout_s, m.threads_per_proc
+        self.generator_procs, self.reward_procs, self.trainer_procs = m.generator_procs, m.reward_procs, m.trainer_procs
+        self.info: dict[str, list[ActorInfo]] = {}  # filled by wait_ready
+        self.recovery = Recovery(self)
+        self.weights = WeightSync(self, versions, config.weights)
+        self.restore_from: Callable[[], Path | None] | None = None  # the last checkpoint, to restore a trainer
+        # The torch engine on the GPUs the plan gave the generator procs, the CPU where it gave none.
+        served_on = self.placement.device("generator", config.model.device)
+        self._generator_spec = dataclasses.replace(GeneratorSpec.from_config(config, engine), device=served_on)
+        device = self.placement.device("trainer", config.model.device)
+        self._trainer_spec = dataclasses.replace(TrainerSpec.from_config(config, pad_id, loss), device=device)
+        self.gang = config.trainer.sharded(m.trainer_procs)
+        # a rank whose peers answered a call and that does not answer this much later is hung (`GangFuture`)
+        self.straggler_s = config.trainer.collective_timeout_s if self.gang else None
+        reward_version = 0
+        if start is not None:
+            # With LoRA the checkpoint holds adapters: the generator serves the base with the saved one.
+            served = {"adapter_dir" if config.lora.enabled else "model_dir": start.generator_dir}
+            self._generator_spec = dataclasses.replace(self._generator_spec, **served, version=versions.served)
+            self._trainer_spec = dataclasses.replace(
+                self._trainer_spec, resume_from=start.trainer_dir, loss_version=start.loss_version
+            )
+            reward_version = start.reward_version
+        self.generator = mesh.spawn("generator", Generator, self._generator_spec, procs=self.generator_procs)
+        self.trainer = mesh.spawn("trainer", Trainer, self._trainer_spec, procs=self.trainer_procs, gang=self.gang)
+        self._reward_set = (rewards, reward_version)  # the live set, for replacement procs
+        self.rewards = mesh.spawn("reward", RewardWorker, self._reward_spec(), procs=self.reward_procs)
+        self.reference = None
+        self._reference_spec = dataclasses.replace(ReferenceSpec.from_config(config, pad_id), device=device)
+        # With LoRA the trainer answers for the reference: its base with the adapter off, no second copy.
+        self.reference_on_trainer = config.algorithm.kl_coef > 0 and config.lora.enabled
+        if config.algorithm.kl_coef > 0 and not self.reference_on_trainer:
+            self.reference = mesh.spawn("reference", Reference, self._reference_spec, self.trainer_procs, self.gang)
+        self.checker = Checker(mesh, 1, self._checker_replaced)
+        self.judges = JudgePool(self, config)  # judge actors, started when a reward first asks one
+        self.envs = EnvPool(self, EnvSpec.from_config(config), m.reward_procs, config.agent.batch_timeout_s)
+
+    # -- start and stop ------------------------------------------------------------------------------
+    def wait_ready(self) -> dict[str, list[ActorInfo]]:
+        """Wait until every actor's constructor has finished (or raise its error) -> who answered."""
+        roles = {"generator": self.generator, "trainer": self.trainer, "reward": self.rewards}
+        if self.reference is not None:
+            roles["reference"] = self.reference
+        ready = {}
+        with tqdm(total=len(roles), desc="forge_nb up: starting actors", leave=False) as bar:
+            for role, actors in roles.items():
+                bar.set_postfix_str(f"generator ({self.engine} engine)" if role == "generator" else role)
+                ready[role] = list(wait(actors.ready.call()).values())
+                bar.update()
+        ready[CHECKER] = self.checker.ready()
+        self.info = ready
+        return ready
 
     def stop(self) -> list[str]:
         """Stop every proc (and the Slurm job) -> errors, if any."""
@@ -147,6 +177,7 @@ class Roles(Supervised):
         last_words.heard(pid for role in self.info for pid in self.local_pids(role))  # words nobody will report
         return errors
 
+    # -- who runs where --------------------------------------------------------------------------------
     @property
     def has_reference(self) -> bool:
         """Whether a reference model runs (`algorithm.kl_coef > 0`): its own actor, or with LoRA the trainer."""
@@ -156,6 +187,11 @@ class Roles(Supervised):
     def pids(self) -> dict[str, list[int]]:
         """Process ids of each role's procs (once `wait_ready` has returned)."""
         return {role: [i.pid for i in infos] for role, infos in self.info.items()}
+
+    def local_pids(self, role: str) -> list[int]:
+        """Pids of `role`'s procs that run on this host (those a replacement may have to kill)."""
+        here = socket.gethostname()
+        return [i.pid for i in self.info.get(role, []) if i.hostname == here]
 
     def describe(self) -> dict[str, Any]:
         """The mesh for `Session.status`: kind, Slurm job or hosts, procs, engine, weights transport."""
@@ -167,7 +203,7 @@ class Roles(Supervised):
             "procs": self.pids,
             "placement": self.placement_rows(),
             "engine": self.engine,
-            "weights_transport": self.weights_transport,
+            "weights_transport": self.weights.chosen,
         }
 
     def placement_rows(self) -> list[dict[str, Any]]:
@@ -178,56 +214,11 @@ class Roles(Supervised):
             rows.append({**row, "pid": infos[row["proc"]].pid if row["proc"] < len(infos) else None})
         return rows
 
-    def wait_ready(self) -> dict[str, list[ActorInfo]]:
-        """Wait until every actor's constructor has finished (or raise its error) -> who answered."""
-        roles = {"generator": self.generator, "trainer": self.trainer, "reward": self.rewards}
-        if self.reference is not None:
-            roles["reference"] = self.reference
-
-        ready = {}
-        with tqdm(total=len(roles), desc="forge_nb up: starting actors", leave=False) as bar:
-            for role, actors in roles.items():
-                bar.set_postfix_str(f"generator ({self.engine} engine)" if role == "generator" else role)
-                ready[role] = list(wait(actors.ready.call()).values())
-                bar.update()
-        ready[CHECKER] = self.checker.ready()
-        self.info = ready
-        return ready
-
-    def _checker_replaced(self, why: str) -> None:
-        self.info[CHECKER] = self.checker.info
-        self.on_event(CHECKER, f"replaced: {why}")
-
-    def local_pids(self, role: str) -> list[int]:
-        """Pids of `role`'s procs that run on this host (those a replacement may have to kill)."""
-        here = socket.gethostname()
-        return [i.pid for i in self.info.get(role, []) if i.hostname == here]
-
-    def attach_weights(self, transport: str) -> str:
-        """Point every generator at the trainer's published weights -> the transport(s) they chose."""
-        self.weights_transport = self._attach_generators(transport)
-        return self.weights_transport
-
-    def _attach_generators(self, transport: str) -> str:
-        """Every generator maps every trainer rank's snapshot (their manifests), then the /dev/shm names
-        are dropped, so nothing can leak after (a later reader takes RDMA) -> the transport(s) chosen."""
-        ranks = wait(gang_call(self.trainer, "weights_manifest"))  # each rank publishes its own shards
-        manifests = [_with_stream_options(m, self.weights_config) for m in ranks]
-        if transport == "group":
-            return weight_groups.attach(self, manifests)
-        chosen = set(wait(self.generator.attach.call(manifests, transport)).values())
-        on_gang(self.trainer, "unlink_shared_memory")
-        # Every reader on the trainer's GPU snapshots: the trainer stops copying versions to host memory;
-        # none of them there: it frees them.
-        on_gang(self.trainer, "host_snapshots", chosen != {"cuda_ipc"})
-        if not any("cuda_ipc" in c for c in chosen):
-            on_gang(self.trainer, "drop_gpu_snapshots")
-        return "+".join(sorted(chosen))
-
+    # -- the step's calls ------------------------------------------------------------------------------
     def generate(self, prompts: list[str], sampling: SamplingParams) -> Generation:
         """Split the prompts over the generator replicas -> completions in prompt order, the policy
         version, and the slowest replica's seconds."""
-        return self._supervised("generator", lambda: self._generate(prompts, sampling))
+        return self.recovery.supervised("generator", lambda: self._generate(prompts, sampling))
 
     def _generate(self, prompts: list[str], sampling: SamplingParams) -> Generation:
         parts = shards(len(prompts), self.generator_procs)
@@ -245,10 +236,10 @@ class Roles(Supervised):
         return Generation(completions, versions.pop(), max(r.seconds for r in results))
 
     def score(self, batch: RewardBatch) -> list[tuple[slice, Scores]]:
-        """Split the batch evenly over the reward workers -> (which samples, their scores) per shard.
-        When a reward ran past its timeout, the reward procs are replaced before this returns. When a
-        judge a reward asked could not answer (its proc died, it hung, it was not running yet), it is
-        started afresh and the batch scored once more, as a call to a dead proc is (`fleet.recovery`)."""
+        """Rewards: split the batch evenly over the reward workers -> (which samples, their scores) per shard.
+        When a reward ran past its timeout, the reward procs are replaced before this returns. When a judge a
+        reward asked could not answer (its proc died, it hung, it was not running yet), it is started afresh and
+        the batch scored once more, as a call to a dead proc is (`recovery`)."""
         parts = shards(len(batch), self.reward_procs)
 
         def call() -> list[tuple[slice, Scores]]:
@@ -258,15 +249,16 @@ class Roles(Supervised):
             return [(part, wait(future)) for part, future in zip(parts, futures)]
 
         for _ in range(2):  # the second time only after judges that could not answer were restored
-            results = self._supervised("reward", call)
+            results = self.recovery.supervised("reward", call)
             if any(scores.timed_out for _, scores in results):
                 self.replace_rewards(f"reward v{results[0][1].reward_version} ran past its timeout")
             if not self.judges.observe(batch.step, [scores for _, scores in results]):
                 break
         return results
 
-    def reference_logprobs(self, episodes: list[Episode]) -> GangFuture | None:
-        """Ask the reference model for the episodes' logprobs; wait on the future (None: no reference)."""
+    def ask_reference(self, episodes: list[Episode]) -> GangFuture | None:
+        """Ask the reference model for the episodes' logprobs -> the future, for `attach_reference` (None: no
+        reference runs, or nothing to ask)."""
         if not self.has_reference or not episodes:
             return None
         ids = [e.prompt_ids for e in episodes], [e.completion_ids for e in episodes]
@@ -275,70 +267,51 @@ class Roles(Supervised):
         # every proc: a sharded reference runs its part of each
         return gang_call(self.reference, "logprobs", *ids, straggler_s=self.straggler_s)
 
-    def attach_reference(self, episodes: list[Episode], reference: GangFuture | None) -> float:
-        """Wait for `reference_logprobs` and store them on the episodes -> seconds waited (asked
-        again of a fresh reference proc if the first one died or hung)."""
-        if reference is None:
+    def attach_reference(self, episodes: list[Episode], asked: GangFuture | None = None) -> float:
+        """Wait for what `ask_reference` asked of `episodes` and store it on them (`Episode.ref_logprobs`) -> seconds
+        waited (asked again of a fresh reference proc if the first one died or hung). Nothing asked: the
+        episodes without reference logprobs (a rollout made before the reference ran) are asked now."""
+        if asked is None:
+            episodes = [e for e in episodes if e.ref_logprobs is None]
+            asked = self.ask_reference(episodes)
+        if asked is None:
             return 0.0
         start = time.perf_counter()
-        asked = iter([reference])  # then, if its procs were lost, a call to the fresh ones
+        pending = iter([asked])  # then, if its procs were lost, a call to the fresh ones
 
-        def ask() -> list[list[float]]:
-            return wait(next(asked, None) or self.reference_logprobs(episodes))[0]
+        def answer() -> list[list[float]]:
+            return wait(next(pending, None) or self.ask_reference(episodes))[0]
 
         role = "trainer" if self.reference_on_trainer else "reference"
-        logprobs = self._supervised(role, ask, since=reference.issued)
+        logprobs = self.recovery.supervised(role, answer, since=asked.issued)
         for e, row in zip(episodes, logprobs):
             e.ref_logprobs = row
         return time.perf_counter() - start
 
-    def train_step(
+    def train_batch(
         self, episodes: list[Episode], keep_logprobs: bool = True, mask_truncated: bool = False
     ) -> TrainResult:
-        """The trainer's steps on `episodes` (`Trainer.train_step`), with their reference logprobs when a
-        reference runs (rollouts carry them; those made before it existed get them here); `keep_logprobs`: the
-        answer carries the trainer's per-token logprobs; `mask_truncated`: see `TrainBatch.of`."""
-        if self.has_reference:
-            missing = [e for e in episodes if e.ref_logprobs is None]
-            self.attach_reference(missing, self.reference_logprobs(missing))
+        """The trainer's steps on `episodes` (`Trainer.train_batch`; their reference logprobs attached when a
+        reference runs); the trainer publishes the next policy version. `keep_logprobs`: the answer carries the
+        trainer's per-token logprobs; `mask_truncated`: see `TrainBatch.of`."""
         batch = TrainBatch.of(episodes, self.has_reference, keep_logprobs, mask_truncated)
-        result = self._supervised(
-            "trainer", lambda: on_gang(self.trainer, "train_step", batch, straggler_s=self.straggler_s)
+        result = self.recovery.supervised(
+            "trainer", lambda: on_gang(self.trainer, "train_batch", batch, straggler_s=self.straggler_s)
         )
-        self.versions.trained = result.policy_version
+        self.weights.published(result.policy_version)
         return result
 
     def refresh(self) -> RefreshReport:
-        """Every generator replica loads the version the trainer published last (in parallel)."""
-        return self._supervised("generator", lambda: self._refresh(self.versions.trained))
+        """Every generator replica loads the version the trainer published last (`weight_sync`)."""
+        return self.recovery.supervised("generator", lambda: self.weights.refresh())
 
-    def _refresh(self, version: int) -> RefreshReport:
-        if self.transport == "group":
-            return weight_groups.refresh(self, version)
-        report = RefreshReport.combine(list(wait(self.generator.refresh.call(version)).values()))
-        self.versions.served = report.version
-        return report
-
-    def save_weights(self, folder: Path, generator_too: bool) -> None:
-        """The trainer's state into folder/trainer; the served weights into folder/generator when they
-        are not the trainer's (the torch engine only)."""
-        self._trainer_saves(lambda: on_gang(self.trainer, "save_state", str(folder / "trainer")))
-        if generator_too:
-            wait(self.generator.slice(procs=0).save_weights.call_one(str(folder / "generator")))
-
+    # -- live code -------------------------------------------------------------------------------------
     def set_rewards(self, members: dict[str, Member], version: int) -> None:
         wait(self.rewards.set_rewards.call(members, version))
         self._reward_set = (members, version)
 
-    def replace_rewards(self, why: str) -> None:
-        """Fresh reward procs with the live reward set (a reward hung or spun in the old ones: stopping
-        them is the only way to stop it)."""
-        spec = RewardSpec(*self._reward_set, self.reward_timeout_s, self.threads)
-        old = self.local_pids("reward")
-        self.rewards = self.mesh.replace("reward", RewardWorker, spec, old, procs=self.reward_procs)
-        self.info["reward"] = list(wait(self.rewards.ready.call()).values())
-        self.judges.attach(self.rewards)
-        self.on_event("reward", f"procs {old} replaced by {self.pids['reward']}: {why}")
+    def set_loss(self, code: LiveCode, version: int) -> None:
+        on_gang(self.trainer, "set_loss", code, version)
 
     def check_reward(self, code: LiveCode, samples: list[RewardSample], timeout: float) -> list[float]:
         return self.judges.serve(lambda: self.checker.check_reward(code, samples, timeout))
@@ -349,22 +322,108 @@ class Roles(Supervised):
     def rescore(self, members: dict[str, Member], samples: list[RewardSample], timeout: float) -> Scores:
         return self.judges.serve(lambda: self.checker.score(members, samples, timeout))
 
-    def set_loss(self, code: LiveCode, version: int) -> None:
-        on_gang(self.trainer, "set_loss", code, version)
+    # -- weights on disk ---------------------------------------------------------------------------------
+    def save_weights(self, folder: Path, generator_too: bool) -> None:
+        """The trainer's state into folder/trainer; the served weights into folder/generator when they
+        are not the trainer's (the torch engine only)."""
+        self.recovery.trainer_saves(lambda: on_gang(self.trainer, "save_state", str(folder / "trainer")))
+        if generator_too:
+            wait(self.generator.slice(procs=0).save_weights.call_one(str(folder / "generator")))
 
     def save(self, path: str) -> int:
-        return self._trainer_saves(lambda: on_gang(self.trainer, "save", path))
+        """The trainer's weights as an HF model directory at `path` -> their policy version."""
+        return self.recovery.trainer_saves(lambda: on_gang(self.trainer, "save", path))
 
     def unlink_shared_memory(self) -> None:
         on_gang(self.trainer, "unlink_shared_memory")
 
     def checksums(self) -> dict[str, Any]:
-        """(version, weights checksum) of the trainer, generator replica 0 and every replica."""
+        """(version, weights checksum) of the trainer, generator replica 0 and every replica: a debugging aid
+        (each gathers every whole tensor of its weights)."""
         return {
             "trainer": on_gang(self.trainer, "checksum"),
             "generator": wait(self.generator.slice(procs=0).checksum.call_one()),
             "generator_replicas": list(wait(self.generator.checksum.call()).values()),
         }
+
+    # -- roles started afresh (`recovery` decides when) ----------------------------------------------------
+    def replace(self, role: str, cause: str) -> None:
+        """Replace `role`'s procs (they died, or hang) and bring the new actors to where the old ones were."""
+        if role == "trainer":
+            return self.restore_trainer(cause)
+        old = self.local_pids(role)
+        if role == "reward":
+            return self.replace_rewards(f"respawned after {cause}")
+        if role == CHECKER:
+            return self.checker.replace(f"respawned after {cause}")
+        if role == JUDGE:
+            return self.judges.respawn(cause)
+        if role == ENV:
+            self.envs.start()
+        elif role == "reference":
+            # killed first: it holds frozen weights only, and a hung rank would hold a clean stop
+            self.reference = self.mesh.replace(
+                role, Reference, self._reference_spec, old, self.trainer_procs, kill=True
+            )
+            self.info[role] = wait(gang_call(self.reference, "ready"))
+        elif role == "generator":
+            self._replace_generator(old)
+        self.on_event(role, f"procs {old} died ({cause}); respawned as {self.pids[role]}")
+
+    def replace_rewards(self, why: str) -> None:
+        """Fresh reward procs with the live reward set (a reward hung or spun in the old ones: stopping
+        them is the only way to stop it)."""
+        old = self.local_pids("reward")
+        self.rewards = self.mesh.replace("reward", RewardWorker, self._reward_spec(), old, procs=self.reward_procs)
+        self.info["reward"] = list(wait(self.rewards.ready.call()).values())
+        self.judges.attach(self.rewards)
+        self.on_event("reward", f"procs {old} replaced by {self.pids['reward']}: {why}")
+
+    def restore_trainer(self, cause: str) -> None:
+        """A new trainer from the last checkpoint (checkpoint.on_trainer_failure="restore"), the generators
+        attached to its weights and refreshed to the version it reports when ready; else `TrainerLost`."""
+        versions = self.weights.versions
+        checkpoint = self.restore_from() if self.restore_from is not None else None
+        if checkpoint is None:
+            how = "" if self.restore_from else " (or set checkpoint.on_trainer_failure='restore' and checkpoint.every)"
+            raise TrainerLost(
+                f"the trainer's proc died ({cause}) with the weights and optimizer state of policy version "
+                f"{versions.trained}; start again from a checkpoint: forge_nb.resume(path){how}"
+            )
+        old, lost = self.local_pids("trainer"), versions.trained
+        spec = dataclasses.replace(self._trainer_spec, resume_from=str(Path(checkpoint) / "trainer"))
+        # killed first: a rank that died left its peers' group unusable, and one hung holds a clean stop
+        self.trainer = self.mesh.replace("trainer", Trainer, spec, old, self.trainer_procs, kill=True)
+        self.info["trainer"] = wait(gang_call(self.trainer, "ready"))
+        self.weights.published(self.info["trainer"][0].details["policy_version"])
+        self.weights.attach()
+        self.weights.refresh()
+        self.on_event(
+            "trainer", f"procs {old} died ({cause}) at policy v{lost}; restored v{versions.trained} from {checkpoint}"
+        )
+
+    def _replace_generator(self, old: list[int]) -> None:
+        """New generators, attached to the published weights and refreshed to the version served."""
+        self.generator = self.mesh.replace(
+            "generator", Generator, self._generator_spec, old, procs=self.generator_procs
+        )
+        self.info["generator"] = list(wait(self.generator.ready.call()).values())
+        self.envs.attach_generator()
+        self.weights.reattach()
+        try:
+            self.weights.refresh(self.weights.versions.served)
+        except ActorError as e:
+            if not isinstance(e.exception, RefreshError):
+                raise
+            # The trainer published two versions since (async): that one is overwritten; serve the newest.
+            self.weights.refresh()
+
+    def _checker_replaced(self, why: str) -> None:
+        self.info[CHECKER] = self.checker.info
+        self.on_event(CHECKER, f"replaced: {why}")
+
+    def _reward_spec(self) -> RewardSpec:
+        return RewardSpec(*self._reward_set, self.reward_timeout_s, self.threads)
 
 
 def _start_mesh(config: Config, placement: Placement) -> LocalMesh:
@@ -378,14 +437,6 @@ def _start_mesh(config: Config, placement: Placement) -> LocalMesh:
     mesh = SlurmMesh(config.slurm, placement, slurm_nodes(config))
     mesh.placement = plan(config, hosts_for(config, mesh.names))  # the same plan, named after the job's nodes
     return mesh
-
-
-def _with_stream_options(manifest: WeightManifest, weights: WeightsConfig) -> WeightManifest:
-    """The trainer says where it serves its TCP streams; the config says how generators read them."""
-    if manifest.stream is None:
-        return manifest
-    stream = dataclasses.replace(manifest.stream, streams=weights.streams, timeout_s=weights.stream_timeout_s)
-    return dataclasses.replace(manifest, stream=stream)
 
 
 def _replica_sampling(sampling: SamplingParams, replica: int) -> SamplingParams:

@@ -5,7 +5,7 @@ started by `serve` when the checker reports that a candidate reward asked a judg
 running, then attached to every proc that runs rewards (the reward workers, the checker; again
 after either is replaced), replaced when a call to it timed out or failed or when Monarch reports
 its proc dead (`respawn`, as every role is: `fleet.recovery`), and stopped with the mesh. A batch
-that a judge could not answer is scored again once the judge runs (`fleet.fleet.Roles.score`), so
+that a judge could not answer is scored again once the judge runs (`Fleet.score`), so
 a judge lost mid-run (or not yet started, after a resume) costs time, not samples. The judge
 traffic the reward procs measure comes back with their scores (`Scores.judge`) and goes to the
 metrics stream as one "judge" row per scored batch (`observe`), for the dashboard.
@@ -16,7 +16,7 @@ from __future__ import annotations
 import socket
 import threading
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import psutil
 
@@ -24,34 +24,24 @@ from forge_nb.actors.base import ActorInfo
 from forge_nb.actors.judge import JudgeActor, JudgeSpec
 from forge_nb.checks import CheckFailed
 from forge_nb.config import Config
-from forge_nb.fleet.checker import Checker, JudgeNeeded
-from forge_nb.launch.local import LocalMesh
-from forge_nb.launch.placement import Placement
+from forge_nb.fleet.checker import JudgeNeeded
 from forge_nb.rewards.batch import Scores
 from forge_nb.rewards.verdicts import JudgeStats
 from forge_nb.runtime.calls import wait
 
+if TYPE_CHECKING:
+    from forge_nb.fleet.fleet import Fleet
+
 ROLE = "judge"
-
-
-class JudgeHost(Protocol):
-    """What the pool needs from the roles it serves (`fleet.fleet.Roles`)."""
-
-    mesh: LocalMesh
-    rewards: Any  # the reward workers' actor mesh
-    checker: Checker
-    info: dict[str, list[ActorInfo]]
-    placement: Placement
-    on_event: Callable[[str, str], None]
 
 
 class JudgePool:
     """Judge actors by model name, and who may ask them."""
 
-    def __init__(self, host: JudgeHost, config: Config) -> None:
-        self.host = host
+    def __init__(self, fleet: Fleet, config: Config) -> None:
+        self.fleet = fleet
         # The plan gives judges no GPU ("cpu" on a host that has some): `launch.placement`.
-        self.dtype, self.device = config.model.dtype, host.placement.device(ROLE, config.model.device)
+        self.dtype, self.device = config.model.dtype, fleet.placement.device(ROLE, config.model.device)
         self.threads = config.mesh.threads_per_proc
         self.actors: dict[str, Any] = {}  # model -> judge actor mesh
         self.infos: dict[str, list[ActorInfo]] = {}
@@ -92,22 +82,22 @@ class JudgePool:
         with self._lock:
             taken = len(self.proc_names)
             name = self.proc_names.setdefault(model, f"{ROLE}-{taken + 1}" if taken else ROLE)
-            actor = self.host.mesh.spawn(name, JudgeActor, self._spec(model))
+            actor = self.fleet.mesh.spawn(name, JudgeActor, self._spec(model))
             try:
                 infos = list(wait(actor.ready.call()).values())
             except Exception as e:
-                self.host.mesh.stop_role(name)
+                self.fleet.mesh.stop_role(name)
                 raise CheckFailed(f"the judge model {model!r} failed to start: {e}") from None
             self._use(model, actor, infos)
-            self.host.on_event(ROLE, f"started for {model!r}: procs {[i.pid for i in infos]}")
+            self.fleet.on_event(ROLE, f"started for {model!r}: procs {[i.pid for i in infos]}")
 
     def replace(self, model: str, why: str) -> None:
         """Fresh procs for `model`'s judge (a call to it hung or its proc died), attached everywhere."""
         with self._lock:
             old = [i.pid for i in self.infos.get(model, []) if i.hostname == socket.gethostname()]
-            actor = self.host.mesh.replace(self.proc_names[model], JudgeActor, self._spec(model), old)
+            actor = self.fleet.mesh.replace(self.proc_names[model], JudgeActor, self._spec(model), old)
             self._use(model, actor, list(wait(actor.ready.call()).values()))
-            self.host.on_event(ROLE, f"{model!r} procs {old} replaced by {self.pids(model)}: {why}")
+            self.fleet.on_event(ROLE, f"{model!r} procs {old} replaced by {self.pids(model)}: {why}")
 
     def attach(self, reward_workers: Any) -> None:
         """Give `reward_workers` (an actor mesh, e.g. fresh reward procs) every judge."""
@@ -116,8 +106,8 @@ class JudgePool:
 
     def attach_everywhere(self, model: str) -> None:
         handle = {model: self.actors[model]}
-        wait(self.host.rewards.attach_judges.call(handle))
-        self.host.checker.attach_judges(handle)
+        wait(self.fleet.rewards.attach_judges.call(handle))
+        self.fleet.checker.attach_judges(handle)
 
     def observe(self, step: int, scores: list[Scores]) -> bool:
         """After a batch was scored: its judge traffic as one "judge" row, and judges that could not
@@ -132,12 +122,12 @@ class JudgePool:
             try:
                 self.fix(model, problem)
             except Exception as e:
-                self.host.on_event(ROLE, f"could not restore the judge {model!r} ({problem}): {e}")
+                self.fleet.on_event(ROLE, f"could not restore the judge {model!r} ({problem}): {e}")
                 restored = False
         return restored
 
     def respawn(self, cause: str) -> None:
-        """Monarch reported a judge proc dead (`fleet.recovery.Supervised.heal`): replace the judges
+        """Monarch reported a judge proc dead (`fleet.recovery.Recovery.heal`): replace the judges
         whose procs are gone (every judge when some of its procs run on another host, out of sight)."""
         with self._lock:
             for model, infos in list(self.infos.items()):
@@ -153,7 +143,7 @@ class JudgePool:
 
     def _use(self, model: str, actor: Any, infos: list[ActorInfo]) -> None:
         self.actors[model], self.infos[model] = actor, infos
-        self.host.info[ROLE] = [i for infos in self.infos.values() for i in infos]
+        self.fleet.info[ROLE] = [i for infos in self.infos.values() for i in infos]
         self.attach_everywhere(model)
 
 

@@ -28,14 +28,14 @@ from forge_nb.live.registry import Member, Registry, VersionRecord
 from forge_nb.live.validate import CheckFailed, LossProbe
 from forge_nb.rewards.batch import RewardSample, Scores
 from forge_nb.rl.episode import Episode
-from forge_nb.rl.rollout import reward_batch
+from forge_nb.rl.pipeline import reward_batch
 from forge_nb.state import RunState
 
 KINDS = ("reward", "loss")
 
 
 class LiveTargets(Protocol):
-    """The actors live code is checked in and goes to (`fleet.fleet.Roles`). The setters return once
+    """The actors live code is checked in and goes to (`fleet.fleet.Fleet`). The setters return once
     every actor of the role has compiled the code; the checks raise `CheckFailed`, also after
     `timeout` s."""
 

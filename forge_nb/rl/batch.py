@@ -79,7 +79,11 @@ class TrainBatch:
         mask_truncated: bool = False,
     ) -> TrainBatch:
         """The batch of `episodes`; `mask_truncated`: a completion cut at max_tokens (finish_reason "length")
-        is left out of the loss (`loss_rows`; its reward still counts in its group's advantages)."""
+        is left out of the loss (`loss_rows`; its reward still counts in its group's advantages). `with_reference`:
+        every episode carries its reference logprobs (the step attaches them as it scores: `step.rollout`)."""
+        missing = [e.sample_id for e in episodes if with_reference and e.ref_logprobs is None]
+        if missing:
+            raise ValueError(f"samples {missing[:8]} have no reference logprobs (made by step.rollout)")
         multi_turn = any(e.completion_mask is not None for e in episodes)
         cut = [int(e.finish_reason != "length") for e in episodes] if mask_truncated else None
         return cls(

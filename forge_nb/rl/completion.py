@@ -1,4 +1,4 @@
-"""What an engine returns for one sample, before it is scored: the record `rl.rollout.make_episodes`
+"""What an engine returns for one sample, before it is scored: the record `rl.pipeline.make_episodes`
 turns into an `Episode`. It lives in rl/, the package engines build on, so the pipeline that consumes
 completions does not import the engines that make them."""
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from forge_nb.config import Config
-from forge_nb.fleet.fleet import Roles, StartFrom
+from forge_nb.fleet.fleet import Fleet, StartFrom
 from forge_nb.fleet.recovery import CheckpointLost
 from forge_nb.live.registry import Registry
 from forge_nb.metrics import MetricsStream
@@ -34,7 +34,7 @@ class Checkpoints:
         self.saved: list[tuple[int, Path]] = []
         self.next_due = c.every
 
-    def save(self, path: str | Path, state: RunState, roles: Roles, registry: Registry, tokenizer: Any) -> Path:
+    def save(self, path: str | Path, state: RunState, fleet: Fleet, registry: Registry, tokenizer: Any) -> Path:
         """Write a checkpoint of the run at `path` -> its folder (the caller holds both sides)."""
         versions = state.versions
         counters = {
@@ -54,7 +54,7 @@ class Checkpoints:
         data = {"train": rows("train"), "eval": rows("eval")} if rows and not state.config.task.path else None
 
         def weights(folder: Path) -> None:
-            roles.save_weights(folder, generator_too=versions.lag != 0)
+            fleet.save_weights(folder, generator_too=versions.lag != 0)
             for sub in ("trainer", "generator"):
                 if (folder / sub).is_dir():
                     tokenizer.save_pretrained(folder / sub)
@@ -76,10 +76,10 @@ class Checkpoints:
         return out
 
     @staticmethod
-    def save_model(path: str | Path, roles: Roles, tokenizer: Any) -> int:
+    def save_model(path: str | Path, fleet: Fleet, tokenizer: Any) -> int:
         """The trainer's current weights and the tokenizer as an HF model directory -> their policy version.
         With LoRA: the adapter in peft's format, and the merged model in path/merged (`Trainer.save`)."""
-        version = roles.save(str(path))
+        version = fleet.save(str(path))
         for folder in (Path(path), Path(path) / "merged"):
             if folder.is_dir():
                 tokenizer.save_pretrained(str(folder))

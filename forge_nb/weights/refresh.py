@@ -112,15 +112,20 @@ class WeightReceiver:
         self.nbytes = sum(m.nbytes for m in self.manifests)
         self.transport = "+".join(sorted({s.transport for s in self.sources}))
 
+    def needs(self, version: int) -> bool:
+        """The refresh-skip rule: a replica needs `version` unless it serves it, whole, already."""
+        return version != self.version or self.torn is not None
+
     async def refresh(self, version: int, load: Callable[[Iterable[tuple[str, torch.Tensor]]], None]) -> RefreshReport:
         """Copy published `version` from every rank, check each copy, then `load` the named whole tensors.
 
-        A refresh to the version already served moves nothing and reports ``skipped=True`` (unless the last
-        load failed part way: then it loads again). A `load` that raises leaves this receiver `torn` and
-        raises `TornWeights`: whatever it replaced, the served weights are a mix until a load completes.
+        A refresh this replica does not `need` moves nothing and reports ``skipped=True``; over a broadcast
+        group ("group") every refresh is one the trainer sends (the session asks each replica's `needs` first).
+        A `load` that raises leaves this receiver `torn` and raises `TornWeights`: whatever it replaced, the
+        served weights are a mix until a load completes.
         """
         previous = self.version
-        if version == previous and not self.collective and self.torn is None:
+        if not self.collective and not self.needs(version):
             return RefreshReport(previous, previous, 0, 0.0, 0.0, True, self.transport)
         start = time.perf_counter()
         # What a failed copy leaves (nothing is loaded): the version served, or a torn replica torn still.

@@ -48,7 +48,7 @@ def test_a_load_that_fails_part_way_is_reported_and_nothing_is_sampled_until_a_w
         wait(actor.refresh.call_one(1))
     refused = (
         lambda: actor.generate.call_one(["5+5="], GREEDY),
-        lambda: actor.score.call_one([[1, 2]], [[3]]),
+        lambda: actor.logprobs.call_one([[1, 2]], [[3]]),
         lambda: actor.checksum.call_one(),
         lambda: actor.save_weights.call_one(str(tmp_path / "served")),
     )

@@ -38,8 +38,8 @@ def test_kl_to_the_frozen_reference_starts_at_zero_and_grows_as_the_policy_moves
         assert all(row.policy_version > 0 for row in later)
         # The reference does not move: its logprobs of a fixed completion stay those of version 0.
         prompt, completion = [[1, 6, 4, 7, 15]], [[9, 2]]
-        assert wait(s.actors.reference.logprobs.call_one(prompt, completion)) == wait(
-            s.actors.reference.logprobs.call_one(prompt, completion)
+        assert wait(s.fleet.reference.logprobs.call_one(prompt, completion)) == wait(
+            s.fleet.reference.logprobs.call_one(prompt, completion)
         )
         assert s.set_loss(KL_LOSS) == 1
         rollout = s.rollout()

@@ -68,7 +68,7 @@ def s():
 
 
 def env_ports(s) -> list[int]:
-    urls = wait(s.actors.envs.actors.endpoint_url.call()).values()
+    urls = wait(s.fleet.envs.actors.endpoint_url.call()).values()
     return [urlparse(url).port for url in urls if url]
 
 

@@ -66,7 +66,7 @@ def check_recorded_exactly(trajectory, backend: RecordingBackend, engine) -> Non
     last = trajectory.last_prompt_ids()
     assert (last, ids[len(last) :]) in backend.calls
     assert sum(mask) == sum(len(t.completion_ids) for t in trajectory.turns)
-    (scored,) = engine.score([trajectory.prompt_ids], [trajectory.completion_ids()])
+    (scored,) = engine.logprobs([trajectory.prompt_ids], [trajectory.completion_ids()])
     recorded = trajectory.completion_logprobs()
     keep = torch.tensor(trajectory.completion_mask(), dtype=torch.bool)
     assert torch.allclose(torch.tensor(scored)[keep], torch.tensor(recorded)[keep], atol=1e-4)

@@ -100,5 +100,5 @@ def test_stop_string_ends_the_completion_after_the_token_that_completes_it(engin
 
 def test_score_is_the_teacher_forced_logprob_of_a_greedy_completion(engine):
     (out,) = engine.generate(["25+17="], SamplingParams(n=1, temperature=0.0, max_tokens=5))
-    (scored,) = engine.score([out[0].prompt_ids], [out[0].token_ids])
+    (scored,) = engine.logprobs([out[0].prompt_ids], [out[0].token_ids])
     assert torch.allclose(torch.tensor(scored), torch.tensor(out[0].logprobs), atol=1e-5)

@@ -28,7 +28,7 @@ def s():
 
 
 def generate(s, prompts, sampling):
-    generation = wait(s.actors.generator.slice(procs=0).generate.call_one(prompts, sampling))
+    generation = wait(s.fleet.generator.slice(procs=0).generate.call_one(prompts, sampling))
     return generation.completions, generation.policy_version
 
 
@@ -38,7 +38,7 @@ def max_diff(a: list[list[float]], b: list[list[float]]) -> float:
 
 def test_up_serves_with_vllm(s):
     assert s.status()["engine"] == "vllm"
-    info = wait(s.actors.generator.slice(procs=0).ready.call_one())
+    info = wait(s.fleet.generator.slice(procs=0).ready.call_one())
     assert info.details["engine"] == "vllm" and info.start_s > 0
 
 
@@ -48,7 +48,7 @@ def test_rollout_logprobs_match_the_trainer_at_the_same_version(s):
     assert len(r.episodes) == cfg.prompts_per_step * cfg.group_size
     assert all(len(e.logprobs) == len(e.completion_ids) >= 1 for e in r.episodes)
     prompts, completions = [e.prompt_ids for e in r.episodes], [e.completion_ids for e in r.episodes]
-    recomputed = wait(s.actors.trainer.logprobs.call_one(prompts, completions))
+    recomputed = wait(s.fleet.trainer.logprobs.call_one(prompts, completions))
     assert max_diff([e.logprobs for e in r.episodes], recomputed) < TOLERANCE
 
 
@@ -63,11 +63,11 @@ def assert_trained_steps_reach_the_engine(s, steps: int) -> None:
     after the sync, which serves the version `steps` later. Any engine, trainer gang, or LoRA."""
     prompt = [s.tokenizer("17+25=")["input_ids"]]
     completion = [s.tokenizer("42", add_special_tokens=False)["input_ids"] + [s.tokenizer.eos_token_id]]
-    generator = s.actors.generator.slice(procs=0)
+    generator = s.fleet.generator.slice(procs=0)
     before, version = wait(generator.score.call_one(prompt, completion))
     for _ in range(steps):
         s.train(s.rollout())
-    trainer = on_gang(s.actors.trainer, "logprobs", prompt, completion)
+    trainer = on_gang(s.fleet.trainer, "logprobs", prompt, completion)
     assert max_diff(before, trainer) > 10 * TOLERANCE
     report = s.sync()
     after, served = wait(generator.score.call_one(prompt, completion))

@@ -36,7 +36,7 @@ def agreement(s) -> float:
     """Max abs difference between the generator's logprobs of a fresh rollout and the trainer's."""
     r = s.rollout()
     prompts, completions = [e.prompt_ids for e in r.episodes], [e.completion_ids for e in r.episodes]
-    trainer = wait(s.actors.trainer.logprobs.call_one(prompts, completions))
+    trainer = wait(s.fleet.trainer.logprobs.call_one(prompts, completions))
     return max(abs(x - y) for e, t in zip(r.episodes, trainer) for x, y in zip(e.logprobs, t))
 
 

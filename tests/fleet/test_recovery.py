@@ -2,29 +2,26 @@
 
 from __future__ import annotations
 
-import threading
-import time
-
 import pytest
 from monarch.actor import ActorError
 
 from forge_nb.engines.base import WeightsRefused
-from forge_nb.fleet.recovery import Supervised
+from forge_nb.fleet.recovery import Recovery
 from forge_nb.weights.refresh import RefreshError, TornWeights
 
 
-class Calm(Supervised):
-    """No role is dead: nothing to heal; a respawn is recorded."""
+class Calm(Recovery):
+    """No role is dead: nothing to heal; a respawn is recorded (a fleet that replaces nothing)."""
 
     def __init__(self) -> None:
-        self._recovering, self._respawned_at, self.respawned = threading.RLock(), {}, []
+        super().__init__(fleet=None)
+        self.respawned = []
 
     def heal(self) -> None:
         pass
 
     def respawn(self, role: str, cause: str) -> None:
         self.respawned.append((role, cause))
-        self._respawned_at[role] = time.time()
 
 
 def _raising(error: BaseException):
@@ -47,7 +44,7 @@ def test_a_torn_generator_is_replaced_and_the_call_issued_again(role):
         return "sampled"
 
     calm = Calm()
-    assert calm._supervised(role, call) == "sampled" and len(calls) == 2
+    assert calm.supervised(role, call) == "sampled" and len(calls) == 2
     assert [r for r, _ in calm.respawned] == ["generator"] and "loading v1 over v0" in calm.respawned[0][1]
 
 
@@ -55,11 +52,11 @@ def test_a_torn_generator_is_replaced_and_the_call_issued_again(role):
 def test_a_refresh_error_reaches_the_user_as_itself_not_wrapped_by_monarch(error):
     calm = Calm()
     with pytest.raises(type(error), match=str(error)) as raised:
-        calm._supervised("generator", _raising(error))
+        calm.supervised("generator", _raising(error))
     assert isinstance(raised.value.__cause__, ActorError)  # %tb still shows the remote traceback
     assert calm.respawned == []  # the served weights are whole: nothing to replace
 
 
 def test_any_other_error_of_an_actor_stays_monarchs():
     with pytest.raises(ActorError, match="ValueError: a bug"):
-        Calm()._supervised("generator", _raising(ValueError("a bug")))
+        Calm().supervised("generator", _raising(ValueError("a bug")))

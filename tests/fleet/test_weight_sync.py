@@ -9,20 +9,21 @@ from unittest import mock
 import pytest
 
 from forge_nb.engines.base import WeightsRefused
-from forge_nb.fleet import weight_sync as weight_groups
+from forge_nb.fleet.weight_sync import WeightSync
+from forge_nb.versions import PolicyVersions
 
 
 def test_a_replica_that_refuses_the_weights_fails_the_attach_before_any_group_forms():
     """Else the trainer ranks and the other replicas would wait in the group until `group_timeout_s`."""
     roles = SimpleNamespace(
         generator_procs=2,
-        weights_config=SimpleNamespace(group_timeout_s=60.0),
         info={"trainer": [], "generator": []},
         trainer=mock.Mock(),
         generator=mock.Mock(),
     )
+    config = SimpleNamespace(transport="group", group_timeout_s=60.0)
     roles.generator.fits.call.side_effect = WeightsRefused("the trainer's tensors do not fit the served model")
     with pytest.raises(WeightsRefused, match="do not fit"):
-        weight_groups.attach(roles, [])
+        WeightSync(roles, PolicyVersions(), config)._attach_group([])
     roles.trainer.weights_group.call.assert_not_called()
     roles.trainer.join_weights_group.call.assert_not_called()

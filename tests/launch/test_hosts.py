@@ -102,7 +102,7 @@ def test_session_across_three_hosts_steps_and_refreshes(net, kernel):
 
 def test_trainer_link_down_mid_refresh_keeps_the_served_version_then_recovers(net, kernel):
     hosts, _ = net
-    served = kernel.json("wait(s.actors.generator.checksum.call_one())")
+    served = kernel.json("wait(s.fleet.generator.checksum.call_one())")
     v, events = kernel.json("[s.trainer_version, len(s.state.metrics.rows('event'))]")
     kernel.ok("m = s.train(s.rollout())", timeout=300)  # the trainer publishes v + 1; the generator serves v
     hosts.slow("h1", rate_mbit=16)  # the 1.7 MB copy takes ~1 s: the link goes down in the middle of it
@@ -110,7 +110,7 @@ def test_trainer_link_down_mid_refresh_keeps_the_served_version_then_recovers(ne
     try:
         text = kernel.ok("try:\n    s.sync()\nexcept Exception as e:\n    print('SYNC FAILED', e)", timeout=120)
         assert "SYNC FAILED" in text and f"policy v{v} stays live" in text and "failed 3 times" in text
-        assert kernel.json("wait(s.actors.generator.checksum.call_one())") == served  # not a byte loaded
+        assert kernel.json("wait(s.fleet.generator.checksum.call_one())") == served  # not a byte loaded
     finally:
         hosts.link("h1", True)
         hosts.slow("h1")

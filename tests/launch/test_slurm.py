@@ -43,7 +43,7 @@ def steps_inside_the_job(logs: str) -> dict:
         queued = queued_jobs()
         seen = {}
         for role in ("generator", "trainer", "reward"):
-            probe = s.actors.mesh.proc_meshes[role].spawn("probe", EnvProbe)
+            probe = s.fleet.mesh.proc_meshes[role].spawn("probe", EnvProbe)
             seen[role] = set(wait(probe.env.call("SLURM_JOB_ID")).values())
         steps = len(s.step(2))
         return {"job": job, "queued": queued, "seen": seen, "steps": steps, "sums": s.checksums()}

@@ -20,7 +20,7 @@ def s():
 
 
 def _actor_versions(s) -> tuple[set[int], int]:
-    rewards = {v for _, v in s.actors.rewards.version_live.call().get().items()}
+    rewards = {v for _, v in s.fleet.rewards.version_live.call().get().items()}
     return rewards, s.checksums()["trainer"][0]
 
 

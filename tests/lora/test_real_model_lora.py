@@ -47,20 +47,20 @@ def _train_sync_and_compare(s) -> dict:
     s.set_reward(shorter, name="short", weight=1.0)
     prompt = [s.tokenizer("What is 17 + 25?")["input_ids"]]
     completion = [s.tokenizer(" 42", add_special_tokens=False)["input_ids"] + [s.tokenizer.eos_token_id]]
-    before, _ = wait(s.actors.generator.slice(procs=0).score.call_one(prompt, completion))
+    before, _ = wait(s.fleet.generator.slice(procs=0).logprobs.call_one(prompt, completion))
     for version in (1, 2):
         metrics = s.train(s.rollout())
         assert metrics["policy_version"] == version and "kl_ref" in metrics
         report = s.sync()
         assert report["version"] == version and 0 < report["bytes"] < FULL_BYTES / 50
-    after, served = wait(s.actors.generator.slice(procs=0).score.call_one(prompt, completion))
-    trainer = wait(s.actors.trainer.logprobs.call_one(prompt, completion))
+    after, served = wait(s.fleet.generator.slice(procs=0).logprobs.call_one(prompt, completion))
+    trainer = wait(s.fleet.trainer.logprobs.call_one(prompt, completion))
     assert served == 2 and max_diff(before, trainer) > 10 * TOLERANCE  # the adapter moved the policy
     assert max_diff(after, trainer) < TOLERANCE
     r = s.rollout()
     assert {e.policy_version for e in r.episodes} == {2}
     ids = [e.prompt_ids for e in r.episodes], [e.completion_ids for e in r.episodes]
-    assert max_diff([e.logprobs for e in r.episodes], wait(s.actors.trainer.logprobs.call_one(*ids))) < TOLERANCE
+    assert max_diff([e.logprobs for e in r.episodes], wait(s.fleet.trainer.logprobs.call_one(*ids))) < TOLERANCE
     sums = s.checksums()
     assert sums["trainer"] == sums["generator"]  # the adapter served is the one trained, bit for bit
     return report
@@ -82,7 +82,7 @@ def test_lora_on_the_torch_engine_trains_syncs_resumes_and_exports(tmp_path):
         # merged and an unmerged adapter differed by 1.03e-3 in one suite run.
         prompt = s.tokenizer("What is 17 + 25?")["input_ids"]
         answer = s.tokenizer(" 42", add_special_tokens=False)["input_ids"] + [s.tokenizer.eos_token_id]
-        trained = wait(s.actors.trainer.logprobs.call_one([prompt], [answer]))
+        trained = wait(s.fleet.trainer.logprobs.call_one([prompt], [answer]))
     finally:
         s.down()
     r = forge_nb.resume(tmp_path / "ck")

@@ -43,7 +43,7 @@ def test_an_export_runs_from_the_merged_model_with_the_adapter_beside_it(tmp_pat
     try:
         s.step(1)
         out = s.export(tmp_path / "bundle")
-        trained = s.actors.trainer.logprobs.call_one([[1, 5, 7]], [[3, 9]]).get()
+        trained = s.fleet.trainer.logprobs.call_one([[1, 5, 7]], [[3, 9]]).get()
     finally:
         s.down()
     config = yaml.safe_load((out / "config.yaml").read_text())

@@ -12,7 +12,7 @@ def test_lora_with_kl_at_two_procs_trains_syncs_and_resumes_at_one(tmp_path):
     s = forge_nb.up(trainer_procs=2, lora={"r": 4, "alpha": 8.0}, kl_coef=0.05, lr=5e-3, **SMALL)
     try:
         trainer = s.status()["trainer"]
-        assert trainer["lora"] and s.actors.reference is None  # the trainer is the reference
+        assert trainer["lora"] and s.fleet.reference is None  # the trainer is the reference
         assert trainer["loaded"] == "by rows"  # each rank read its own rows of the model's files
         s.step(1)
         metrics = s.train(s.rollout())

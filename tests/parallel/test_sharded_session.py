@@ -124,7 +124,7 @@ def test_a_rank_that_hangs_restarts_the_gang_on_its_peers_timeout_in_a_save_and_
         # all rewards alike (the tiny model): the step runs no collective, only the straggler rule sees the hang
         assert row["policy_version"] == 3 and row["grad_norm"] == 0.0
         restored = _restored(s)
-        assert "step-00000002" in restored and "gave no answer to train_step" in restored, restored
+        assert "step-00000002" in restored and "gave no answer to train_batch" in restored, restored
         sums = s.checksums()
         assert sums["trainer"] == sums["generator"] and s.step_count == 3
     finally:

@@ -8,7 +8,9 @@ import sys
 
 from forge_nb.runtime import last_words
 
-SAYS = "from forge_nb.runtime import last_words; import os; last_words.say('generator: its engine is lost'); os._exit(1)"
+SAYS = (
+    "from forge_nb.runtime import last_words; import os; last_words.say('generator: its engine is lost'); os._exit(1)"
+)
 STARTS = "from forge_nb.runtime import last_words; last_words.forget()"
 
 

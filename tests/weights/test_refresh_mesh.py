@@ -46,7 +46,7 @@ def test_two_trainer_ranks_to_two_generators_shard_direct_over_each_transport(up
 
 def report_bytes(s) -> int:
     """What one refresh of one replica moves: every trainer rank's snapshot."""
-    return sum(i.details["refresh_bytes"] for i in s.actors.info["trainer"])
+    return sum(i.details["refresh_bytes"] for i in s.fleet.info["trainer"])
 
 
 @pytest.mark.parametrize("transport", ["shm", "rdma", "tcp"])
@@ -54,14 +54,14 @@ def test_generator_always_holds_exactly_one_published_version_while_the_trainer_
     s = up(transport=transport)
     rollout = s.rollout()
     batch = TrainBatch.of(rollout.episodes)
-    trainer, generator = s.actors.trainer, s.actors.generator
+    trainer, generator = s.fleet.trainer, s.fleet.generator
     published = {0: wait(trainer.checksum.call_one())[1]}
     latest = [0]
     done = threading.Event()
 
     def trainer_loop():
         for _ in range(15):
-            version = wait(trainer.train_step.call_one(batch)).policy_version
+            version = wait(trainer.train_batch.call_one(batch)).policy_version
             published[version] = wait(trainer.checksum.call_one())[1]
             latest[0] = version
         done.set()

@@ -34,8 +34,8 @@ def run_full(args: argparse.Namespace) -> int:
         print(steps.to_string())
         prompt = [s.tokenizer("What is 17 + 25?")["input_ids"]]
         completion = [s.tokenizer(" 42", add_special_tokens=False)["input_ids"]]
-        served, version = wait(s.actors.generator.slice(procs=0).score.call_one(prompt, completion))
-        trainer = wait(s.actors.trainer.logprobs.call_one(prompt, completion))
+        served, version = wait(s.fleet.generator.slice(procs=0).logprobs.call_one(prompt, completion))
+        trainer = wait(s.fleet.trainer.logprobs.call_one(prompt, completion))
         diff = max(abs(a - b) for a, b in zip(served[0], trainer[0]))
         print(
             f"\nengine {status['engine']}, weights transport {status['weights_transport']}; served policy "

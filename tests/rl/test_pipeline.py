@@ -8,9 +8,8 @@ import torch
 from forge_nb.rewards.batch import Scores
 from forge_nb.rl.advantages import decoupled
 from forge_nb.rl.completion import Completion
-from forge_nb.rl.rollout import (
+from forge_nb.rl.pipeline import (
     EmptyTrainBatch,
-    Rollout,
     add_overlong_penalty,
     apply_scores,
     assign_advantages,
@@ -18,6 +17,7 @@ from forge_nb.rl.rollout import (
     reward_components,
     train_subset,
 )
+from forge_nb.rl.rollout import Rollout
 from forge_nb.tasks.base import Problem
 
 PROBLEMS = [Problem("1+1", "1+1=", "2"), Problem("2+3", "2+3=", "5", {"difficulty": 2})]
