@@ -31,7 +31,7 @@ LOSSES = {
     "sapo": {"loss": "sapo"},
     "luspo": {"loss": "luspo", "ratio_level": "sequence", "clip_eps": 3e-4, "clip_high": 4e-4},  # GSPO's, length-summed
     "vespo": {"loss": "vespo"},  # TRL's Gamma shapes: k 2 / 3, lambda 3 / 2
-    # Several optimizer steps a batch (rl/updates.py): grpo twice over each batch, and in 4 mini-batches of 8 groups;
+    # Several optimizer steps a batch (rl/epochs.py): grpo twice over each batch, and in 4 mini-batches of 8 groups;
     # then the same with the learning rate (5e-4) divided by the steps, as AdamW moves each step by about lr.
     "grpo-e2": {"loss": "grpo", "epochs": 2},
     "grpo-m4": {"loss": "grpo", "mini_batches": 4},

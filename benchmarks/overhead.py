@@ -38,7 +38,7 @@ from forge_nb.rl.advantages import group_relative
 from forge_nb.rl.batch import TrainBatch
 from forge_nb.rl.losses import grpo_loss
 from forge_nb.rl.prefix_batch import collate_prefix
-from forge_nb.rl.train_step import policy_update
+from forge_nb.rl.update import UpdateOptions, policy_update
 from forge_nb.step import reward_batch
 from forge_nb.tasks import make_task
 from forge_nb.weights.refresh import RefreshReport
@@ -81,15 +81,8 @@ class PlainLoop:
             [c.logprobs for c in flat],
             adv.tolist(),
         )
-        policy_update(
-            self.model,
-            self.optimizer,
-            batch,
-            self.loss_fn,
-            sampling.temperature,
-            a.max_grad_norm,
-            skip_zero_advantage=self.skip_zero_advantage,
-        )
+        options = UpdateOptions(sampling.temperature, a.max_grad_norm, skip_zero_advantage=self.skip_zero_advantage)
+        policy_update(self.model, self.optimizer, batch, self.loss_fn, options)
         t3 = time.perf_counter()
         self.engine.load_weights(self.model.named_parameters())
         t4 = time.perf_counter()

@@ -219,7 +219,7 @@ class StepRow:
     `refresh_gbps` in 1e9 bytes/s over `refresh_bytes` (both 0 in async runs, whose refreshes happen between
     generator batches). `turns`, `tool_calls`, `tool_errors` are NaN in a batch without trajectories.
     `staleness` = trainer version - version that generated the batch, at train time.
-    Read by the trainer on the policy's tokens before its step (`rl.train_step.policy_update`; NaN when no
+    Read by the trainer on the policy's tokens before its step (`rl.update.policy_update`; NaN when no
     step ran): `entropy` (nats per token), `clip_fraction`, `kl_ref` (k3 KL to the reference, NaN without
     one), `response_length` (mean policy tokens per sequence) and `response_length_max`."""
 

@@ -21,7 +21,7 @@ from forge_nb.live.validate import LossProbe, validate_loss, validate_reward
 from forge_nb.rewards.batch import RewardSample, Scores
 from forge_nb.rewards.judge_client import JudgeUnavailable
 from forge_nb.rewards.scoring import score_members
-from forge_nb.rl.train_step import needs_ref
+from forge_nb.rl.update import needs_ref
 
 
 @dataclass(frozen=True)

@@ -17,9 +17,9 @@ from forge_nb.live.validate import CheckFailed, check_loss_value
 from forge_nb.parallel.device import resolve_device
 from forge_nb.parallel.gang import Gang, GangError, collectives
 from forge_nb.parallel.policy import Policy, PolicySpec
-from forge_nb.rl import updates
+from forge_nb.rl import epochs
 from forge_nb.rl.batch import TrainBatch
-from forge_nb.rl.train_step import NonFiniteGradient
+from forge_nb.rl.update import NonFiniteGradient
 from forge_nb.weights.group import GroupSender, GroupSpec, group_spec
 from forge_nb.weights.manifest import WeightManifest, checksum
 from forge_nb.weights.publish import WeightPublisher
@@ -97,7 +97,7 @@ class TrainerSpec(ModelSpec):
 @dataclass(frozen=True)
 class TrainResult:
     """What one `train_step` did: the policy version it published, the loss version it ran, the
-    step's metrics (`rl.train_step.policy_update`: loss, grad_norm, approx_kl, tokens, ...) and times (s)."""
+    step's metrics (`rl.update.policy_update`: loss, grad_norm, approx_kl, tokens, ...) and times (s)."""
 
     policy_version: int
     loss_version: int
@@ -183,7 +183,7 @@ class Trainer(ForgeActor):
     @endpoint
     def train_batch(self, batch: TrainBatch) -> TrainResult:
         """The batch's optimizer steps (`algorithm.epochs` passes over B sequences, `algorithm.mini_batches`
-        steps each: `rl.updates`; one by default; every rank gets the whole batch and runs its part), then
+        steps each: `rl.epochs`; one by default; every rank gets the whole batch and runs its part), then
         publish the new weights. The policy version goes up by one a batch; the published snapshot holds it
         when this returns. If the live loss fails on the first step, `LossFailed` is raised and neither
         weights nor versions change; on a later one, the steps before it are published and the result says
@@ -191,7 +191,7 @@ class Trainer(ForgeActor):
         start = time.perf_counter()
         a = self.algorithm
         try:
-            steps = updates.run(
+            steps = epochs.run(
                 batch, a.epochs, a.mini_batches, self._step, (CheckFailed, NonFiniteGradient, LossRaised)
             )
         except (CheckFailed, NonFiniteGradient) as e:

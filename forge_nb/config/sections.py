@@ -178,7 +178,7 @@ class AlgorithmConfig:
     dynamic_sampling: bool = False  # DAPO: leave groups whose rewards are all equal out of the train batch
     overlong_cache: int = 0  # DAPO soft overlong penalty over the last this-many tokens of engine.max_tokens (0: off)
     max_grad_norm: float = 1.0
-    # Optimizer steps per batch: `epochs` passes over it, each a step per mini-batch of its groups (rl/updates.py).
+    # Optimizer steps per batch: `epochs` passes over it, each a step per mini-batch of its groups (rl/epochs.py).
     epochs: int = 1  # PPO epochs: TRL's num_iterations (mu), verl's ppo_epochs
     mini_batches: int = 1  # steps per pass: TRL's steps_per_generation / gradient_accumulation_steps
     kl_coef: float = (

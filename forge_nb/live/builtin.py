@@ -6,7 +6,7 @@ import inspect
 
 from forge_nb.config import AlgorithmConfig, TaskConfig
 from forge_nb.live.capture import LiveCode
-from forge_nb.rl.losses import LOSSES
+from forge_nb.rl.losses import LOSSES, Modifiers
 
 
 def builtin_reward(task: TaskConfig) -> LiveCode:
@@ -24,10 +24,10 @@ def builtin_reward(task: TaskConfig) -> LiveCode:
 
 
 def builtin_loss(algorithm: AlgorithmConfig, max_tokens: int) -> LiveCode:
-    """Loss v0: the function `LOSSES[algorithm.loss]` names, with its options read from `algorithm`
-    (and `max_tokens`, engine.max_tokens; a shared option only when it is not the function's default),
-    written as source that imports it by name, so it travels and is checked like a loss cell.
-    `kl_coef > 0` passes the reference's logprobs and beta: the loss adds beta x the k3 KL per token."""
+    """Loss v0: the function `LOSSES[algorithm.loss]` names, with its options read from `algorithm` (and
+    `max_tokens`, engine.max_tokens; an optional one, or a modifier, only when it is not the default), written as
+    source that imports it by name, so it travels and is checked like a loss cell. `kl_coef > 0` passes the
+    reference's logprobs and ``Modifiers(beta=kl_coef)``: the loss adds beta x the k3 KL per token."""
     a = algorithm
     chosen = LOSSES[a.loss]
     fn = chosen.fn.__name__
@@ -36,19 +36,26 @@ def builtin_loss(algorithm: AlgorithmConfig, max_tokens: int) -> LiveCode:
         f"{keyword}={max_tokens if field == 'max_tokens' else getattr(a, field)!r}"
         for keyword, field in chosen.options.items()
     ]
-    modifiers = [f"{k}={getattr(a, f)!r}" for k, f in chosen.modifiers.items() if getattr(a, f) != defaults[k].default]
-    options += modifiers
-    label = ", ".join([a.loss, *modifiers])  # the origin names what differs from the plain loss (GSPO's ratio, ...)
+    optional = [f"{k}={getattr(a, f)!r}" for k, f in chosen.optional.items() if getattr(a, f) != defaults[k].default]
+    plain = Modifiers()
+    modifiers = [f"{k}={getattr(a, f)!r}" for k, f in chosen.modifiers.items() if getattr(a, f) != getattr(plain, k)]
+    label = ", ".join([a.loss, *optional, *modifiers])  # the origin names what differs from the plain loss
     params = ["logprobs", "old_logprobs", "advantages", "mask"]
+    options += optional
     if a.kl_coef > 0:
         params.append("ref_logprobs")
-        options += [f"ref_logprobs=ref_logprobs, beta={a.kl_coef!r}"] + (["kl_unbiased=True"] if a.kl_unbiased else [])
+        options.append("ref_logprobs=ref_logprobs")
+        modifiers += [f"beta={a.kl_coef!r}"] + (["kl_unbiased=True"] if a.kl_unbiased else [])
         label += f" + {a.kl_coef} x KL(reference)"
     if a.top_entropy_quantile < 1:
         params.append("entropies")  # the trainer passes the policy's per-token entropies to a loss that names them
         options.append("entropies=entropies")
+    imports = fn
+    if modifiers:
+        options.append(f"modifiers=Modifiers({', '.join(modifiers)})")
+        imports += ", Modifiers"
     source = (
-        f"from forge_nb.rl.losses import {fn}\n\n\n"
+        f"from forge_nb.rl.losses import {imports}\n\n\n"
         f"def loss({', '.join(params)}):\n"
         f"    return {fn}(logprobs, old_logprobs, advantages, mask, {', '.join(options)})\n"
     )

@@ -21,7 +21,7 @@ from forge_nb.rewards.batch import RewardSample, columns_of
 from forge_nb.rewards.forms import by_name, is_batched, keywords_for
 from forge_nb.rewards.judge_client import JudgeUnavailable
 from forge_nb.rewards.scoring import batch_values, call_reward
-from forge_nb.rl.train_step import takes_entropies, takes_ref
+from forge_nb.rl.update import takes_entropies, takes_ref
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@ wraps its models), and whole tensors gathered back when a whole copy is needed (
 a model loaded whole); a refresh and a save of a model made from its rows never gather (`sharded_save`).
 
 Gradients are summed over the ranks, never averaged: each rank back-propagates its own rows' part of
-the whole batch's loss (`rl.train_step.policy_update`), so their sum is the whole batch's gradient.
+the whole batch's loss (`rl.update.policy_update`), so their sum is the whole batch's gradient.
 Summing also sidesteps the gloo trap (pytorch issue 162338: FSDP2's reduce-scatter on gloo summed where
 it should average): with every FSDP module forced to SUM with divide factor 1, gloo and NCCL do the same.
 """

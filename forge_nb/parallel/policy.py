@@ -25,7 +25,7 @@ from forge_nb.parallel.gang import Gang
 from forge_nb.rl.batch import TrainBatch
 from forge_nb.rl.prefix_batch import collate_prefix
 from forge_nb.rl.split import Split, completion_values
-from forge_nb.rl.train_step import LossFn, forward_logprobs, policy_update
+from forge_nb.rl.update import LossFn, UpdateOptions, forward_logprobs, policy_update
 
 
 @dataclass(frozen=True)
@@ -114,23 +114,20 @@ class Policy:
     ) -> tuple[dict[str, float], list[list[float]] | None]:
         """One optimizer step on the whole `batch` (this rank runs its part) -> (metrics, each completion's
         token logprobs before the step when `batch.keep_logprobs`). `clip`, `ratio_level`: the ratio range
-        and level the `clip_fraction` metric counts against (`rl.train_step.policy_update`)."""
+        and level the `clip_fraction` metric counts against (`rl.update.policy_update`)."""
         tokens = batch.collate(self.spec.pad_id, self.spec.trainer.activation_checkpointing).to(self.device)
         try:
-            metrics, logprobs = policy_update(
-                self.model,
-                self.optimizer,
-                tokens,
-                loss_fn,
-                self.spec.temperature,
-                max_grad_norm,
-                check_loss,
-                skip_zero_advantage,
-                self.split(),
-                clip,
-                self.spec.trainer.entropy,
-                ratio_level,
+            options = UpdateOptions(
+                temperature=self.spec.temperature,
+                max_grad_norm=max_grad_norm,
+                check_loss=check_loss,
+                skip_zero_advantage=skip_zero_advantage,
+                split=self.split(),
+                clip=clip,
+                with_entropy=self.spec.trainer.entropy,
+                ratio_level=ratio_level,
             )
+            metrics, logprobs = policy_update(self.model, self.optimizer, tokens, loss_fn, options)
         except BaseException:
             self._abandon_step()
             raise

@@ -1,7 +1,7 @@
 """The pieces the built-in losses (`rl.losses`) are made of: the masked mean, the importance ratio and its clip,
-DeepSeek-V3.2's off-policy mask, the high-entropy token mask, the k3 KL to the reference, and `terms`, which
-applies the options every built-in loss shares to its per-token terms. Shapes: [B, T] per token (T next-token
-positions), advantages [B] or [B, T]."""
+DeepSeek-V3.2's off-policy mask, the high-entropy token mask, the k3 KL to the reference, and `modified`, which
+applies TRL's modifiers (`Modifiers`, the options every built-in loss shares) to its per-token terms. Shapes:
+[B, T] per token (T next-token positions), advantages [B] or [B, T]."""
 
 from __future__ import annotations
 
@@ -102,45 +102,51 @@ def high_entropy_mask(entropies: torch.Tensor, mask: torch.Tensor, top: float) -
 
 
 @dataclass(frozen=True)
-class Shared:
-    """The options every built-in loss takes after its own (`rl.losses`' docstring lists them)."""
+class Modifiers:
+    """TRL's modifiers, which every built-in loss takes after its own options (`rl.losses`' docstring says what
+    each does; TRL's `GRPOConfig` name in brackets). Each is off by default."""
 
-    ratio_level: str
-    off_policy_mask: float | None
-    ref_logprobs: torch.Tensor | None
-    beta: float
-    kl_unbiased: bool
-    entropies: torch.Tensor | None = None
-    top_entropy_quantile: float = 1.0
+    ratio_level: str = "token"  # "sequence": GSPO's one ratio per sequence [importance_sampling_level]
+    off_policy_mask: float | None = None  # DeepSeek-V3.2's off-policy sequence mask [off_policy_mask_threshold]
+    beta: float = 0.0  # x k3 KL(policy || reference) per token, needs ref_logprobs [beta]
+    kl_unbiased: bool = False  # that KL x the importance ratio [use_bias_correction_kl]
+    top_entropy_quantile: float = 1.0  # policy term on the top share of tokens by entropy, needs entropies
 
 
-def terms(
+PLAIN = Modifiers()
+
+
+def modified(
     per_token: torch.Tensor,
     logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,
     advantages: torch.Tensor,
     mask: torch.Tensor,
-    shared: Shared,
+    modifiers: Modifiers = PLAIN,
+    ref_logprobs: torch.Tensor | None = None,
+    entropies: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """A loss's per-token terms [B, T] or [B, 1] x the off-policy mask x the high-entropy mask, plus `beta` x the
-    k3 KL to the reference per token [B, T] (in TRL's order), before the loss aggregates them its own way; with
-    `kl_unbiased`, that KL times the importance ratio (with its gradient: DeepSeek-V3.2's unbiased KL gradient)."""
-    per_token = per_token * off_policy_keep(logprobs, old_logprobs, advantages, mask, shared.off_policy_mask)
-    if shared.top_entropy_quantile < 1.0:
-        if shared.entropies is None:
+    """A loss's per-token terms [B, T] or [B, 1] x the off-policy mask [B, 1] x the high-entropy mask [B, T], plus
+    `beta` x the k3 KL to the reference per token [B, T] (in TRL's order), before the loss aggregates them its own
+    way; with `kl_unbiased`, that KL times the importance ratio (with its gradient: DeepSeek-V3.2's unbiased KL
+    gradient)."""
+    m = modifiers
+    per_token = per_token * off_policy_keep(logprobs, old_logprobs, advantages, mask, m.off_policy_mask)
+    if m.top_entropy_quantile < 1.0:
+        if entropies is None:
             raise ValueError(
-                f"top_entropy_quantile={shared.top_entropy_quantile} needs entropies (the policy's, per token: "
+                f"top_entropy_quantile={m.top_entropy_quantile} needs entropies (the policy's, per token: "
                 "name `entropies` in the loss's parameters and pass it on)"
             )
-        per_token = per_token * high_entropy_mask(shared.entropies, mask, shared.top_entropy_quantile)
-    if not shared.beta:
+        per_token = per_token * high_entropy_mask(entropies, mask, m.top_entropy_quantile)
+    if not m.beta:
         return per_token
-    if shared.ref_logprobs is None:
-        raise ValueError(f"beta={shared.beta} needs ref_logprobs (the reference model's: algorithm.kl_coef > 0)")
-    penalty = kl_k3(logprobs, shared.ref_logprobs)
-    if shared.kl_unbiased:
-        penalty = penalty * torch.exp(log_ratio(logprobs, old_logprobs, mask, shared.ratio_level))
-    return per_token + shared.beta * penalty
+    if ref_logprobs is None:
+        raise ValueError(f"beta={m.beta} needs ref_logprobs (the reference model's: algorithm.kl_coef > 0)")
+    penalty = kl_k3(logprobs, ref_logprobs)  # [B, T]
+    if m.kl_unbiased:
+        penalty = penalty * torch.exp(log_ratio(logprobs, old_logprobs, mask, m.ratio_level))
+    return per_token + m.beta * penalty
 
 
 def kl_k3(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
@@ -152,6 +158,6 @@ def kl_k3(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
 
 def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, mask: torch.Tensor, beta: float) -> torch.Tensor:
     """`beta` x the k3 KL(policy || reference) [B, T], averaged per sequence then over sequences -> scalar
-    (0 for empty rows), for a loss cell. The built-in losses take ``ref_logprobs=, beta=`` instead, which
+    (0 for empty rows), for a loss cell. The built-in losses take ``ref_logprobs=`` and ``Modifiers(beta=...)``, which
     aggregates it with their own tokens (the same as this for grpo's per-sequence mean)."""
     return beta * masked_mean(kl_k3(logprobs, ref_logprobs), mask, dim=1).mean()

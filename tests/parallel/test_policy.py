@@ -143,7 +143,7 @@ def test_the_top_entropy_share_is_taken_over_every_ranks_tokens():
     quantile is over every rank's tokens: 2 ranks, a micro-batch each, take the 1-rank step (it fails without the
     sum), which is not plain dapo's (the mask takes tokens out). 1 rank runs every row in one forward and 2 ranks
     half each: the rounding differs in the last bits, and a token whose entropy is at the threshold can flip by a
-    later step, so the first step is compared. (Two passes with the sum: tests/rl/test_train_step.py.)"""
+    later step, so the first step is compared. (Two passes with the sum: tests/rl/test_update.py.)"""
     (one,) = run_gang(1, train, 0, "dapo", "", "", 1, False, BUNDLED_MODEL, 0.2)
     two = run_gang(2, train, 0, "dapo", "", "", 1, False, BUNDLED_MODEL, 0.2)
     assert (one["metrics"][0]["micro_batches"], two[0]["metrics"][0]["micro_batches"]) == (1, 1)

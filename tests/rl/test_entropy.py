@@ -17,7 +17,7 @@ from forge_nb.rl import entropy
 from forge_nb.rl.batch import collate
 from forge_nb.rl.prefix_batch import collate_prefix
 from forge_nb.rl.split import Split
-from forge_nb.rl.train_step import policy_update
+from forge_nb.rl.update import UpdateOptions, policy_update
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +51,7 @@ def _metrics(model, batch, budget: int = 0, loss: str = "grpo") -> dict:
     trained = copy.deepcopy(model)
     loss_fn = compile_function(builtin_loss(AlgorithmConfig(loss=loss), max_tokens=6))
     optimizer = torch.optim.SGD(trained.parameters(), lr=0.1)
-    return policy_update(trained, optimizer, batch, loss_fn, split=Split(micro_batch_tokens=budget))[0]
+    return policy_update(trained, optimizer, batch, loss_fn, UpdateOptions(split=Split(micro_batch_tokens=budget)))[0]
 
 
 @torch.no_grad()
@@ -89,7 +89,7 @@ def test_clip_fraction_counts_tokens_outside_the_algorithms_range(model):
     trained = copy.deepcopy(model)
     loss_fn = compile_function(builtin_loss(AlgorithmConfig(loss="grpo"), max_tokens=6))
     optimizer = torch.optim.SGD(trained.parameters(), lr=0.1)
-    metrics = policy_update(trained, optimizer, _batch(model, shift=0.25), loss_fn, clip=(0.3, 0.28))[0]
+    metrics = policy_update(trained, optimizer, _batch(model, shift=0.25), loss_fn, UpdateOptions(clip=(0.3, 0.28)))[0]
     assert metrics["clip_fraction"] == 0.0
 
 
@@ -114,7 +114,7 @@ def test_without_the_entropy_metric_the_step_is_the_same_and_entropy_is_nan(mode
     for with_entropy in (True, False):
         trained = copy.deepcopy(model)
         optimizer = torch.optim.SGD(trained.parameters(), lr=0.1)
-        metrics = policy_update(trained, optimizer, batch, loss_fn, with_entropy=with_entropy)[0]
+        metrics = policy_update(trained, optimizer, batch, loss_fn, UpdateOptions(with_entropy=with_entropy))[0]
         steps.append((metrics, [p.detach().clone() for p in trained.parameters()]))
     (on, weights_on), (off, weights_off) = steps
     assert math.isnan(off["entropy"]) and on["entropy"] > 0 and on["loss"] == off["loss"]

@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from forge_nb.rl.losses import dr_grpo_loss, grpo_loss, masked_mean
+from forge_nb.rl.losses import Modifiers, dr_grpo_loss, grpo_loss, masked_mean
 
 
 def test_on_policy_loss_is_minus_mean_advantage_and_gradient_is_advantage():
@@ -120,7 +120,7 @@ def test_kl_penalty_is_beta_times_the_per_sequence_mean_k3_and_zero_on_empty_row
 
 
 def test_takes_ref_and_needs_ref_read_the_loss_signature():
-    from forge_nb.rl.train_step import needs_ref, takes_ref
+    from forge_nb.rl.update import needs_ref, takes_ref
 
     def plain(logprobs, old_logprobs, advantages, mask): ...
     def with_ref(logprobs, old_logprobs, advantages, mask, ref_logprobs): ...
@@ -187,7 +187,9 @@ def test_gspo_takes_one_ratio_per_sequence():
     old = torch.zeros(1, 2)
     new = torch.tensor([[math.log(2.0), -math.log(2.0)]])  # token ratios 2 and 0.5, their mean log-ratio 0
     adv, mask = torch.tensor([1.0]), torch.ones(1, 2)
-    assert grpo_loss(new, old, adv, mask, ratio_level="sequence").item() == pytest.approx(-1.0)  # ratio 1
+    assert grpo_loss(new, old, adv, mask, modifiers=Modifiers(ratio_level="sequence")).item() == pytest.approx(
+        -1.0
+    )  # ratio 1
     assert grpo_loss(new, old, adv, mask).item() == pytest.approx(-(1.2 + 0.5) / 2)  # per token: clipped at 1.2
 
 
@@ -203,15 +205,23 @@ def test_the_off_policy_mask_drops_stale_sequences_with_negative_advantage_only(
 
 def test_a_ratio_level_that_is_not_one_is_refused():
     with pytest.raises(ValueError, match="ratio_level must be 'token' or 'sequence', got 'chunk'"):
-        grpo_loss(torch.zeros(1, 1), torch.zeros(1, 1), torch.ones(1), torch.ones(1, 1), ratio_level="chunk")
+        grpo_loss(
+            torch.zeros(1, 1),
+            torch.zeros(1, 1),
+            torch.ones(1),
+            torch.ones(1, 1),
+            modifiers=Modifiers(ratio_level="chunk"),
+        )
 
 
 def test_top_entropy_quantile_trains_only_on_high_entropy_tokens_and_needs_the_entropies():
     logprobs = torch.tensor([[-1.0, -2.0, -0.5]], requires_grad=True)
     entropies = torch.tensor([[0.1, 2.0, 0.3]])
-    loss = grpo_loss(logprobs, logprobs.detach(), torch.tensor([1.0]), torch.ones(1, 3), entropies=entropies,
-                     top_entropy_quantile=0.3)  # fmt: skip
+    top = Modifiers(top_entropy_quantile=0.3)
+    loss = grpo_loss(
+        logprobs, logprobs.detach(), torch.tensor([1.0]), torch.ones(1, 3), entropies=entropies, modifiers=top
+    )
     loss.backward()
     assert logprobs.grad[0, 0] == 0 and logprobs.grad[0, 1] != 0 and logprobs.grad[0, 2] == 0
     with pytest.raises(ValueError, match="top_entropy_quantile=0.3 needs entropies"):
-        grpo_loss(logprobs, logprobs.detach(), torch.tensor([1.0]), torch.ones(1, 3), top_entropy_quantile=0.3)
+        grpo_loss(logprobs, logprobs.detach(), torch.tensor([1.0]), torch.ones(1, 3), modifiers=top)

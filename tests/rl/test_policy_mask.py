@@ -9,7 +9,7 @@ from forge_nb.config import AlgorithmConfig
 from forge_nb.live.builtin import builtin_loss
 from forge_nb.live.capture import compile_function
 from forge_nb.rl.prefix_batch import collate_prefix
-from forge_nb.rl.train_step import policy_update
+from forge_nb.rl.update import UpdateOptions, policy_update
 
 PROMPT = [5, 6, 7, 8]
 REPLY_1, TOOL_RESULT, REPLY_2 = [9, 10, 11], [20, 21, 22, 23], [12, 13]
@@ -25,7 +25,7 @@ def _gradient(completions: list[list[int]], masks: list[list[int]], old: list[li
     model = _model()
     loss = compile_function(builtin_loss(AlgorithmConfig(loss="grpo", token_level=True), max_tokens=16))
     batch = collate_prefix([PROMPT] * len(completions), completions, 0, old, [1.0, -1.0], None, masks)
-    metrics, _ = policy_update(model, torch.optim.SGD(model.parameters(), lr=0.0), batch, loss, 1.0, 1e9, lambda x: x)
+    metrics, _ = policy_update(model, torch.optim.SGD(model.parameters(), lr=0.0), batch, loss, UpdateOptions(1.0, 1e9))
     return {n: p.grad.clone() for n, p in model.named_parameters()}, metrics
 
 

@@ -12,7 +12,7 @@ from forge_nb.live.builtin import builtin_loss
 from forge_nb.live.capture import compile_function
 from forge_nb.rl.batch import collate, token_logprobs
 from forge_nb.rl.prefix_batch import collate_prefix, completion_logprobs, prefix_logprobs
-from forge_nb.rl.train_step import policy_update
+from forge_nb.rl.update import policy_update
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ from forge_nb.models import BUNDLED_MODEL
 from forge_nb.rl.batch import collate
 from forge_nb.rl.prefix_batch import collate_prefix
 from forge_nb.rl.split import Split, completion_values, micro_batches, partition, plan
-from forge_nb.rl.train_step import policy_update
+from forge_nb.rl.update import UpdateOptions, policy_update
 
 LOSSES = [
     AlgorithmConfig(loss="grpo"),
@@ -67,9 +67,8 @@ def _update(model, batch, loss_fn, budget: int, skip: bool = True):
         step()
 
     optimizer.step = keep_grads_then_step
-    metrics, logprobs = policy_update(
-        trained, optimizer, batch, loss_fn, split=Split(micro_batch_tokens=budget), skip_zero_advantage=skip
-    )
+    options = UpdateOptions(split=Split(micro_batch_tokens=budget), skip_zero_advantage=skip)
+    metrics, logprobs = policy_update(trained, optimizer, batch, loss_fn, options)
     return metrics, logprobs, grads, {n: p.detach().clone() for n, p in trained.named_parameters()}
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -26,6 +27,10 @@ class NonFiniteGradient(FloatingPointError):
 
 # (logprobs, old_logprobs, advantages, mask[, ref_logprobs][, entropies]) -> scalar
 LossFn = Callable[..., torch.Tensor]
+
+
+def _as_is(loss: torch.Tensor) -> torch.Tensor:
+    return loss
 
 
 def takes_ref(loss_fn: LossFn) -> bool:
@@ -55,19 +60,30 @@ def needs_ref(loss_fn: LossFn) -> bool:
     return param is not None and param.default is param.empty
 
 
+@dataclass(frozen=True)
+class UpdateOptions:
+    """How `policy_update` runs: the sampling `temperature` the logprobs are taken at; `max_grad_norm` (the global
+    norm the gradients are clipped to); `check_loss(loss)`, run before backward (it raises to refuse the value);
+    `skip_zero_advantage` (only for a loss that is inert there: see `policy_update`); `split` over ranks and
+    micro-batches (`rl.split`); the `clip` range and `ratio_level` the `clip_fraction` metric counts against (the
+    trainer passes `AlgorithmConfig.metric_clip` and `ratio_level`); `with_entropy`: the entropy metric."""
+
+    temperature: float = 1.0
+    max_grad_norm: float = 1.0
+    check_loss: Callable[[torch.Tensor], torch.Tensor] = _as_is
+    skip_zero_advantage: bool = False
+    split: Split = ONE_RANK
+    clip: tuple[float, float] = (0.2, 0.2)
+    with_entropy: bool = True
+    ratio_level: str = "token"
+
+
 def policy_update(
     model: nn.Module,
     optimizer: torch.optim.Optimizer,
     batch: PrefixBatch | TokenBatch,
     loss_fn: LossFn,
-    temperature: float = 1.0,
-    max_grad_norm: float = 1.0,
-    check_loss: Callable[[torch.Tensor], torch.Tensor] = lambda loss: loss,
-    skip_zero_advantage: bool = False,
-    split: Split = ONE_RANK,
-    clip: tuple[float, float] = (0.2, 0.2),
-    with_entropy: bool = True,
-    ratio_level: str = "token",
+    options: UpdateOptions = UpdateOptions(),
 ) -> tuple[dict[str, float], torch.Tensor]:
     """Forward, loss, backward, clip, step -> (metrics: loss, grad_norm, ratio stats, tokens, entropy; the
     policy's logprobs of the batch's tokens before the step [B, T], detached: for rows left out, their
@@ -85,7 +101,7 @@ def policy_update(
     rows that did not run), as it gets ``ref_logprobs``, and the metric is reported then too.
 
     The loss always sees the whole batch: `loss_fn` runs once, on the logprobs of every row, with the
-    whole batch's normaliser, whatever `split` says. Split over ranks and micro-batches (`rl.split`),
+    whole batch's normaliser, whatever `options.split` says. Split over ranks and micro-batches (`rl.split`),
     each rank runs its rows through the model and the ranks sum those logprobs (`split.sum_across`);
     then with one micro-batch per rank, the loss's backward reaches each rank's own rows and stops at
     the others' (summed over ranks, that is the whole batch's gradient: a gang sums its gradients,
@@ -103,61 +119,74 @@ def policy_update(
     exactly 0: the optimizer steps on zero gradients (AdamW still moves by its moments) with no
     forward at all.
     """
+    o = options
     model.train()
     ran = torch.ones_like(batch.advantages, dtype=torch.bool)
-    if skip_zero_advantage:
+    if o.skip_zero_advantage:
         ran = (batch.advantages != 0) & (batch.loss_mask.sum(1) > 0)
         if not bool(ran.any()):
             return _zero_gradient_step(model, optimizer, batch), batch.old_logprobs
-    work = plan(batch, ran, split)
-    mask = batch.loss_mask  # the policy's own tokens (multi-turn: not tool results or environment messages)
+    work = plan(batch, ran, o.split)
     extra = {"ref_logprobs": batch.ref_logprobs} if batch.ref_logprobs is not None and takes_ref(loss_fn) else {}
     optimizer.zero_grad(set_to_none=True)
     wanted = takes_entropies(loss_fn)
-    entropies = torch.zeros_like(batch.old_logprobs) if with_entropy or wanted else None
+    entropies = torch.zeros_like(batch.old_logprobs) if o.with_entropy or wanted else None
     if wanted:
         extra["entropies"] = entropies  # filled in (over every rank) before the loss runs, then a copy is passed
     passes = _one_pass if work.count == 1 else _two_passes
-    loss, logprobs = passes(model, batch, work, ran, split, temperature, loss_fn, extra, check_loss, entropies)
-    grad_norm = clip_gradients(model, max_grad_norm, split)
+    loss, logprobs = passes(model, batch, work, ran, o, loss_fn, extra, entropies)
+    grad_norm = clip_gradients(model, o.max_grad_norm, o.split)
     if not torch.isfinite(grad_norm):
         optimizer.zero_grad(set_to_none=True)
         raise NonFiniteGradient(f"backward produced a non-finite gradient norm ({grad_norm.item()})")
     optimizer.step()
-    with torch.no_grad():
-        lengths = batch.policy_tokens.sum(1)  # (a completion left out of the loss has its length still)
-        mask = mask * ran[:, None]
-        diff = (logprobs - batch.old_logprobs) * mask
-        ratio, advantage = log_ratio(logprobs, batch.old_logprobs, mask, ratio_level).exp(), batch.advantages[:, None]
-        # What the clip fraction is a share of: tokens, or (GSPO) the sequences with a token.
-        over = (mask.sum(1, keepdim=True) > 0).float() if ratio_level == "sequence" else mask
-        # Clipped where the clip takes the gradient away, as TRL's and verl's clip fractions count it.
-        low, high = (ratio < 1 - clip[0]) & (advantage < 0), (ratio > 1 + clip[1]) & (advantage > 0)
-        clipped = (low | high).to(mask.dtype)
-        ref = {}
-        if batch.ref_logprobs is not None:  # k3 KL(policy || reference) on the batch's tokens, before the step
-            ref["kl_ref"] = masked_mean(kl_k3(logprobs, batch.ref_logprobs), mask).item()
-        return {
-            **ref,
-            "loss": loss.item(),
-            "grad_norm": grad_norm.item(),
-            # k1 estimate of KL(behaviour || current) on the batch's own tokens.
-            "approx_kl": masked_mean(-diff, mask).item(),
-            "max_abs_logprob_diff": diff.abs().max().item(),
-            "entropy": masked_mean(entropies, mask).item() if entropies is not None else float("nan"),
-            "clip_fraction": masked_mean(clipped, over).item(),
-            "response_length": lengths.float().mean().item(),
-            "response_length_max": int(lengths.max().item()),
-            "tokens": int(batch.loss_mask.sum().item()),
-            "rows_skipped": int((~ran).sum().item()),
-            "micro_batches": work.count,
-        }, logprobs
+    metrics = update_metrics(batch, logprobs, ran, entropies, o)
+    return {"loss": loss.item(), "grad_norm": grad_norm.item(), **metrics, "micro_batches": work.count}, logprobs
 
 
-def _one_pass(model, batch, work, ran, split, temperature, loss_fn, extra, check_loss, entropies):
+@torch.no_grad()
+def update_metrics(
+    batch: PrefixBatch | TokenBatch,
+    logprobs: torch.Tensor,
+    ran: torch.Tensor,
+    entropies: torch.Tensor | None,
+    options: UpdateOptions,
+) -> dict[str, float]:
+    """What the update read on the policy's own tokens before its step (`policy_update`'s docstring):
+    `logprobs` [B, T] the policy's, `ran` [B] the rows that ran, `entropies` [B, T] or None."""
+    mask = batch.loss_mask * ran[:, None]  # the policy's own tokens (multi-turn: not tool results) that ran
+    lengths = batch.policy_tokens.sum(1)  # (a completion left out of the loss has its length still)
+    diff = (logprobs - batch.old_logprobs) * mask
+    ratio = log_ratio(logprobs, batch.old_logprobs, mask, options.ratio_level).exp()  # [B, T] or [B, 1]
+    advantage = batch.advantages[:, None]
+    # What the clip fraction is a share of: tokens, or (GSPO) the sequences with a token.
+    over = (mask.sum(1, keepdim=True) > 0).float() if options.ratio_level == "sequence" else mask
+    # Clipped where the clip takes the gradient away, as TRL's and verl's clip fractions count it.
+    low, high = options.clip
+    clipped = (((ratio < 1 - low) & (advantage < 0)) | ((ratio > 1 + high) & (advantage > 0))).to(mask.dtype)
+    ref = {}
+    if batch.ref_logprobs is not None:  # k3 KL(policy || reference) on the batch's tokens, before the step
+        ref["kl_ref"] = masked_mean(kl_k3(logprobs, batch.ref_logprobs), mask).item()
+    return {
+        **ref,
+        # k1 estimate of KL(behaviour || policy) on the batch's own tokens: the generator-trainer gap before this
+        # step (0 on-policy up to numerics; it can be negative), not how far the step moved the policy.
+        "approx_kl": masked_mean(-diff, mask).item(),
+        "max_abs_logprob_diff": diff.abs().max().item(),
+        "entropy": masked_mean(entropies, mask).item() if entropies is not None else float("nan"),
+        "clip_fraction": masked_mean(clipped, over).item(),
+        "response_length": lengths.float().mean().item(),
+        "response_length_max": int(lengths.max().item()),
+        "tokens": int(batch.loss_mask.sum().item()),
+        "rows_skipped": int((~ran).sum().item()),
+    }
+
+
+def _one_pass(model, batch, work, ran, options, loss_fn, extra, entropies):
     """One micro-batch on this rank: its logprobs keep their graph; the other ranks' rows join as
     constants -> (loss, the whole batch's logprobs [B, T] detached), backward done; `entropies` filled in
     (every rank's rows) before the loss runs."""
+    split, temperature = options.split, options.temperature
     rows = work.micro_batches[0] if work.micro_batches else None
     mine = _run(model, batch, rows, temperature, entropies)
     extra = _with_entropies(extra, entropies, split)
@@ -169,20 +198,21 @@ def _one_pass(model, batch, work, ran, split, temperature, loss_fn, extra, check
         logprobs = full.index_put((rows,), mine.to(full.dtype))
     else:  # a filler: the loss must still be a loss of logprobs (its checks refuse a constant), on every rank
         logprobs = full.clone().requires_grad_(True)
-    loss = check_loss(loss_fn(logprobs, batch.old_logprobs, batch.advantages, batch.loss_mask, **extra))
+    loss = options.check_loss(loss_fn(logprobs, batch.old_logprobs, batch.advantages, batch.loss_mask, **extra))
     (loss if rows is not None else loss + (mine * 0).sum()).backward()
     return loss.detach(), full
 
 
-def _two_passes(model, batch, work, ran, split, temperature, loss_fn, extra, check_loss, entropies):
+def _two_passes(model, batch, work, ran, options, loss_fn, extra, entropies):
     """Several micro-batches: logprobs without a graph, the loss's gradient G with respect to them, then
     each micro-batch again, back-propagated with its rows of G -> (loss, logprobs [B, T] detached);
     `entropies` filled in (every rank's rows) by the first pass."""
+    split, temperature = options.split, options.temperature
     with torch.no_grad():
         full = _gathered(_pass(model, batch, work, temperature, entropies), batch, ran, split)
     extra = _with_entropies(extra, entropies, split)
     leaf = full.clone().requires_grad_(True)
-    loss = check_loss(loss_fn(leaf, batch.old_logprobs, batch.advantages, batch.loss_mask, **extra))
+    loss = options.check_loss(loss_fn(leaf, batch.old_logprobs, batch.advantages, batch.loss_mask, **extra))
     (grad,) = torch.autograd.grad(loss, leaf)
     for i in range(work.count):
         rows = work.micro_batches[i] if i < len(work.micro_batches) else None

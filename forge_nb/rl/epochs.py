@@ -10,7 +10,7 @@ generator's logprobs, as PPO's is to the policy that sampled. The loss normalise
 verl's per-mini-batch loss does (TRL shuffles the rows before it splits them, and its token-level losses divide
 by the whole generation batch's tokens).
 
-Each step is whole or not at all (`rl.train_step.policy_update`). If the live loss fails on a step after
+Each step is whole or not at all (`rl.update.policy_update`). If the live loss fails on a step after
 the first, the steps before it stay: they were whole steps, on finite gradients, of the loss that was live
 (`Trainer.train_step` publishes them and says where the loss failed).
 """
@@ -96,7 +96,7 @@ LARGEST = {"max_abs_logprob_diff", "response_length_max", "micro_batches"}
 
 
 def combine(steps: Sequence[dict[str, Any]], rows: Sequence[int]) -> dict[str, Any]:
-    """The metrics of a batch's steps (`rl.train_step.policy_update`'s, each) as the batch's, with `updates`,
+    """The metrics of a batch's steps (`rl.update.policy_update`'s, each) as the batch's, with `updates`,
     the steps taken: counts summed over the first pass (`rows`: the rows of each of its mini-batches),
     response_length weighted by those rows, maxima the largest, the rest the mean over the steps that have a
     value (loss, grad_norm, approx_kl, clip_fraction, entropy, kl_ref: TRL logs the mean of its steps too).

@@ -15,7 +15,7 @@ from forge_nb.rl.batch import collate
 from forge_nb.rl.losses import grpo_loss, masked_mean
 from forge_nb.rl.prefix_batch import collate_prefix
 from forge_nb.rl.split import ONE_RANK, Split
-from forge_nb.rl.train_step import policy_update
+from forge_nb.rl.update import UpdateOptions, policy_update
 
 LOSSES = [
     AlgorithmConfig(loss="grpo"),
@@ -66,7 +66,7 @@ def _step(model, batch, loss_fn, skip: bool):
     trained = copy.deepcopy(model)
     before = {n: p.detach().clone() for n, p in trained.named_parameters()}
     optimizer = torch.optim.SGD(trained.parameters(), lr=1.0)
-    metrics, _ = policy_update(trained, optimizer, batch, loss_fn, skip_zero_advantage=skip)
+    metrics, _ = policy_update(trained, optimizer, batch, loss_fn, UpdateOptions(skip_zero_advantage=skip))
     return metrics, {n: p.detach() - before[n] for n, p in trained.named_parameters()}
 
 
@@ -115,9 +115,11 @@ def test_a_batch_with_no_advantage_takes_its_usual_step_without_a_forward(model)
     for skip in (False, True):
         trained = copy.deepcopy(model)
         optimizer = torch.optim.AdamW(trained.parameters(), lr=1e-2)
-        policy_update(trained, optimizer, informative, loss_fn, skip_zero_advantage=skip)  # moments now non-zero
+        policy_update(
+            trained, optimizer, informative, loss_fn, UpdateOptions(skip_zero_advantage=skip)
+        )  # moments now non-zero
         before = {n: p.detach().clone() for n, p in trained.named_parameters()}
-        policy_update(trained, optimizer, idle, loss_fn, skip_zero_advantage=skip)
+        policy_update(trained, optimizer, idle, loss_fn, UpdateOptions(skip_zero_advantage=skip))
         updates.append({n: p.detach() - before[n] for n, p in trained.named_parameters()})
     assert any(bool((d != 0).any()) for d in updates[0].values())  # AdamW did move on zero gradients
     for name, delta in updates[0].items():
@@ -142,7 +144,9 @@ def test_clip_fraction_at_the_sequence_level_is_the_share_of_sequences_clipped(m
         expected = out.float().mean()  # as TRL counts it: each sequence once
     trained = copy.deepcopy(model)
     optimizer = torch.optim.SGD(trained.parameters(), lr=0.0)
-    sequence = policy_update(trained, optimizer, batch, loss_fn, clip=(0.05, 0.05), ratio_level="sequence")[0]
+    sequence = policy_update(
+        trained, optimizer, batch, loss_fn, UpdateOptions(clip=(0.05, 0.05), ratio_level="sequence")
+    )[0]
     assert sequence["clip_fraction"] == pytest.approx(expected.item(), abs=1e-6)
     assert 0 < expected < 1
 
@@ -167,9 +171,9 @@ def test_a_loss_that_names_entropies_gets_a_copy_of_the_whole_batchs_even_withou
     plain = compile_function(builtin_loss(AlgorithmConfig(), max_tokens=8))
     sgd = lambda m: torch.optim.SGD(m.parameters(), lr=1.0)  # noqa: E731
     trained = copy.deepcopy(model)
-    reference = policy_update(trained, sgd(trained), batch, plain, split=split, with_entropy=True)[0]
+    reference = policy_update(trained, sgd(trained), batch, plain, UpdateOptions(split=split, with_entropy=True))[0]
     trained = copy.deepcopy(model)
-    metrics = policy_update(trained, sgd(trained), batch, loss, split=split, with_entropy=False)[0]
+    metrics = policy_update(trained, sgd(trained), batch, loss, UpdateOptions(split=split, with_entropy=False))[0]
     assert metrics["micro_batches"] == reference["micro_batches"] == (1 if split is ONE_RANK else 6)
     assert reference["entropy"] > 0 and seen == [pytest.approx(reference["entropy"], rel=1e-6)]
     assert metrics["entropy"] == pytest.approx(reference["entropy"], rel=1e-6)
