@@ -25,6 +25,7 @@ import pytest
 
 from tests import suite_tmp
 
+# "auto" means the torch engine in the suite: vLLM's start (~20 s) is tested where a test asks for it by name.
 os.environ.setdefault("FORGE_NB_ENGINE", "torch")
 # Two test files at once run two meshes of 4-5 procs each, with two OpenMP threads each, on 2 cores. OpenMP
 # threads spin after each parallel region by default, so the procs of one mesh burnt the cores the other

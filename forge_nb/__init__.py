@@ -13,8 +13,8 @@ from collections.abc import Callable
 from typing import Any
 
 # Monarch logs every message, launch and actor of every proc at INFO into one file per user that nothing
-# rotates (/tmp/<user>/monarch_log.log: 95% of its lines, ~35 MB a run of this test suite, and launch records
-# that list the environment handed to procs). Warnings and errors are what a failure needs; set before Monarch
+# rotates (/tmp/<user>/monarch_log.log: tens of MB a day of runs, and launch records that list the environment
+# handed to procs). Warnings and errors are what a failure needs; set before Monarch
 # loads, and inherited by every proc. MONARCH_FILE_LOG=info (or debug) in the environment wins.
 os.environ.setdefault("MONARCH_FILE_LOG", "warn")
 

@@ -1,11 +1,11 @@
 """Generation engines behind one interface (`base.Engine`): vLLM and plain PyTorch.
 
 ``engine.name="auto"`` takes whichever is faster where it runs, as `benchmarks/engines.py` measures it:
-vLLM on a GPU; on a CPU vLLM for real models and the torch engine for small ones. Measured on 2 cores
-(generated tokens/s, vLLM / torch): the bundled 0.4M-parameter model 0.22-0.31x (vLLM's per-request
-scheduling in Python costs more than the matmuls), a random 109M Llama at 16 new tokens 0.85-1.03x,
-SmolLM2-135M-Instruct at 48 new tokens 1.23-1.34x. Hence the line at 256 MB of weights (~64M float32
-parameters); below it, or without vLLM, the torch engine.
+vLLM on a GPU; on a CPU vLLM for real models and the torch engine for small ones, whose generation vLLM's
+per-request scheduling in Python makes slower (the line is 256 MB of weights, ~64M float32 parameters; the
+benchmarks page has the numbers); without vLLM, the torch engine. ``FORGE_NB_ENGINE`` in the environment says
+what "auto" means for every session of that environment (e.g. ``torch`` where vLLM is installed but its start-up
+is not worth it for the runs at hand); an explicit ``engine.name`` wins over it.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import torch
 
 from forge_nb.engines.vllm_engine import vllm_available
 
-ENGINE_ENV = "FORGE_NB_ENGINE"  # overrides engine.name="auto" (the test suite sets it to "torch")
+ENGINE_ENV = "FORGE_NB_ENGINE"  # what engine.name="auto" means in this environment, when set
 
 
 CPU_VLLM_MIN_BYTES = 256 << 20  # on a CPU, vLLM for models with at least this many bytes of weights

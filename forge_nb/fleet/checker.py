@@ -28,8 +28,8 @@ ROLE = "live_check"
 # the checker's own deadline (which leaves out the time its thread waited for a CPU or on a judge) and answers
 # "timed out" at once; this wait is only for a checker that cannot answer at all (a C call that holds the GIL, a
 # proc that died). It also covers what comes before the deadline starts: unpickling the candidate, which imports
-# the module of a reward defined in one, and the proc waiting for a CPU. At 2 s, a 5 s check of a reward from a
-# test module was replaced as "hangs?" on CI's loaded 2 cores (twice, in 2 of the last 3 runs).
+# the module of a reward defined in one, and the proc waiting for a CPU, which on a loaded 2-core machine takes
+# seconds: a short slack replaced checkers that were only slow.
 ANSWER_SLACK_S = 30.0
 JUDGE_SLACK_S = 600.0  # ... once judge actors run (each judge call has its own deadline, `Judge.timeout_s`)
 

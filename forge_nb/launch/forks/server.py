@@ -1,9 +1,6 @@
-"""A proc template for a local mesh: one process imports torch and transformers once, then forks every
-proc of the session, so a proc does not import them again.
+"""The fork server of one session (see `launch.forks` for what it saves): one process imports torch and
+transformers once, then forks every proc of the session, so a proc does not import them again.
 
-A proc of a local mesh used to start as a fresh interpreter that imported torch and transformers: ~4 s
-of CPU each for the generator, the trainer and the reference (`from transformers import
-AutoModelForCausalLM` alone), and on a laptop's or CI's two cores those imports were most of `up()`.
 Monarch still starts each proc (its host agent runs the proc's bootstrap command and supervises that
 process); the command is `forge_nb.launch.forks.client`, which hands its environment, working directory
 and standard descriptors to this server over a Unix socket. The server forks a child that takes them
@@ -14,15 +11,9 @@ child and exits as the child did; the child kills itself when its client is gone
 Forking after importing torch is what PyTorch's DataLoader workers do; the server never runs a torch
 op (its OpenMP pool, which a fork cannot carry, does not exist yet) and never imports Monarch (whose
 runtime starts threads). Only hosts without GPUs fork (`LocalMesh`): a GPU proc must initialise the
-CUDA driver itself, under its own ``CUDA_VISIBLE_DEVICES``, and there the import is small next to
-loading the model. The heap the server imported is frozen before the first fork and a child exits
-as multiprocessing's forked children do: a collection over it, or the interpreter's teardown of it,
-would write to every inherited page (copy on write: 0.5 s to start and 1.2 s to stop a proc, measured).
-
-`benchmarks/session_start.py` on this repository's 2-core machine, a session of the bundled model
-(generator, trainer, reward worker, checker) in a process that ran one before, n = 5 a side: `up()`
-6.36 +- 0.31 s fresh, 5.08 +- 0.08 forked, 1.17 +- 0.08 from a lingering server; `down()` 1.65 -> 0.57
--> 0.43 s; the machine's CPU for up + 2 steps + down 15.4 -> 6.6 -> 2.6 s.
+CUDA driver itself, under its own ``CUDA_VISIBLE_DEVICES``. The heap the server imported is frozen
+before the first fork and a child exits as multiprocessing's forked children do: a collection over it,
+or the interpreter's teardown of it, would write to every inherited page (copy on write).
 
 The server belongs to one `LocalMesh` (one session): `release` stops it with the mesh, unless
 ``FORGE_NB_FORK_LINGER_S`` keeps it that many seconds for the process's next session (`acquire`: a
