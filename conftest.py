@@ -180,6 +180,7 @@ def pytest_sessionfinish(session, exitstatus):
     forks = sys.modules.get("forge_nb.launch.forks.server")
     if forks is not None:  # without workers (-n 0) the tests ran here: the lingering fork server is this run's
         forks._stop_idle()
+    suite_tmp.clean_up_at_exit_now()  # without workers the tests ran here too: what this process removes at exit
     found = suite_tmp.leftovers()
     if not found:
         return
