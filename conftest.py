@@ -47,6 +47,9 @@ os.environ.setdefault("FORGE_NB_FORK_LINGER_S", "900")
 # Temporary files of every process of the run in one folder of the run, removed at its end; what the tests
 # leave there fails the run (tests/suite_tmp.py). The run directories go there too.
 suite_tmp.set_up()
+# Each worker's sessions (their servers' folders, `forge_nb.server.registry`) apart from the user's and the other
+# worker's: a test's `forge-nb down --all` ends its worker's sessions only. A session left running is a leftover.
+os.environ["FORGE_NB_RUNTIME_DIR"] = os.path.join(os.environ["TMPDIR"], "forge_nb-sessions")
 
 MARKERS = {
     "tutorial": "a tutorial's cell, executed by nbval (make test-fast leaves these out)",

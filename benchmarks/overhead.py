@@ -8,9 +8,15 @@ loop copies weights with a memcpy; the mesh's generator copies them from the tra
 rollout log (every sample written to Parquet, which the plain loop does not do) is off unless `--log`.
 Blocks of steps alternate between the two so machine noise hits both alike.
 
-Last, the floor: the four messages of a mesh step (generate, score, train, refresh) with the payloads of
+Then the floor: the four messages of a mesh step (generate, score, train, refresh) with the payloads of
 the run's last step, back to back, to actors in their own procs that answer at once. No mesh step can
 cost less than the plain step plus this.
+
+Last, the session server: the same session config runs twice, its controller in this process (`Session.up`,
+the mesh column above) and in a server of its own with this process as its client (`forge_nb.up`), blocks
+interleaved: the wall time a step takes as the caller sees it, for the client calling `step(1)` each step (a
+round trip a step) and `step(n)` once a block; and the time a new process takes to attach to the running
+session (`forge_nb.attach`), alone and with the interpreter's start and imports.
 
     python benchmarks/overhead.py [--steps-per-block 25] [--blocks 4]
 """
@@ -19,7 +25,10 @@ from __future__ import annotations
 
 import argparse
 import functools
+import os
 import statistics
+import subprocess
+import sys
 import time
 
 import torch
@@ -39,6 +48,7 @@ from forge_nb.rl.batch import TrainBatch
 from forge_nb.rl.losses import grpo_loss
 from forge_nb.rl.prefix_batch import collate_prefix
 from forge_nb.rl.update import UpdateOptions, policy_update
+from forge_nb.session import Session
 from forge_nb.step import reward_batch
 from forge_nb.tasks import make_task
 from forge_nb.weights.refresh import RefreshReport
@@ -158,19 +168,62 @@ def main() -> None:
     config = Config().updated({"threads_per_proc": args.threads, "engine.name": "torch", "log.samples": args.log})
     torch.set_num_threads(args.threads)
     plain = PlainLoop(config)
-    session = forge_nb.up(config)
+    session = Session.up(config)  # the controller in this process
+    client = forge_nb.up(config, name=f"overhead-{os.getpid()}", persist=False)  # the same, in its server
     try:
-        plain_rows, mesh_rows = [], []
+        plain_rows, mesh_rows, walls = [], [], {"in process": [], "client, step(1)": [], "client, step(n)": []}
         for _ in range(args.warmup):
             plain.step(session.state.sampling())
         session.step(args.warmup, progress=False)
+        client.step(args.warmup, progress=False)
+        n = args.steps_per_block
         for _ in range(args.blocks):
-            plain_rows += [plain.step(session.state.sampling()) for _ in range(args.steps_per_block)]
-            mesh_rows += session.step(args.steps_per_block, progress=False).to_dict("records")
+            plain_rows += [plain.step(session.state.sampling()) for _ in range(n)]
+            start = time.perf_counter()
+            mesh_rows += session.step(n, progress=False).to_dict("records")
+            walls["in process"].append((time.perf_counter() - start) / n)
+            start = time.perf_counter()
+            for _ in range(n):
+                client.step(1, progress=False)
+            walls["client, step(1)"].append((time.perf_counter() - start) / n)
+            start = time.perf_counter()
+            client.step(n, progress=False)
+            walls["client, step(n)"].append((time.perf_counter() - start) / n)
         floor_s = floor(session, plain, len(mesh_rows))
+        attach = attach_times(client.name)
     finally:
         session.down()
+        client.down()
     report(plain_rows, mesh_rows, config, floor_s)
+    report_client(walls, n, attach)
+
+
+def attach_times(name: str, runs: int = 3) -> dict[str, list[float]]:
+    """Seconds to attach to the running session `name` from a new process: `forge_nb.attach` alone (the
+    process has imported forge_nb), and the whole of a fresh interpreter's import + attach + first status."""
+    code = (
+        "import time; t0 = time.perf_counter(); import forge_nb; t1 = time.perf_counter(); "
+        f"s = forge_nb.attach({name!r}); s.status(); t2 = time.perf_counter(); s.detach(); "
+        "print(t2 - t1, t2 - t0)"
+    )
+    out: dict[str, list[float]] = {"attach": [], "import + attach": []}
+    for _ in range(runs):
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+        alone, whole = (float(x) for x in done.stdout.split()[-2:])
+        out["attach"].append(alone)
+        out["import + attach"].append(whole)
+    return out
+
+
+def report_client(walls: dict[str, list[float]], n: int, attach: dict[str, list[float]]) -> None:
+    """The same steps from a client of the session's server against the controller in the process."""
+    base = statistics.fmean(walls["in process"])
+    blocks = len(walls["in process"])
+    print(f"\nthe same session's steps, wall time a step as the caller sees it (mean of {blocks} blocks of {n}):")
+    for label, values in walls.items():
+        print(f"  {label:<18}{statistics.fmean(values) * 1e3:>9.2f} ms  {statistics.fmean(values) / base:>6.3f}x")
+    for label, values in attach.items():
+        print(f"  {label:<18}{statistics.median(values):>9.3f} s (median of {len(values)}; max {max(values):.3f} s)")
 
 
 def report(plain_rows: list[dict], mesh_rows: list[dict], config: Config, floor_s: list[float]) -> None:

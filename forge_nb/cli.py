@@ -30,11 +30,11 @@ DEMO_COLUMNS = [
 def demo(minutes: float, steps: int | None, every: int, config: Config) -> pd.DataFrame:
     """Run the session for `minutes` (or exactly `steps`), print a table row per `every` steps and
     held-out accuracy before and after. Returns the per-step DataFrame."""
-    from forge_nb.session import Session
+    import forge_nb
 
     started = time.perf_counter()
-    with Session.up(config) as session:
-        print(f"mesh up in {time.perf_counter() - started:.1f} s: {session.pids}")
+    with forge_nb.up(config, persist=False) as session:
+        print(f"session {session.name!r} up in {time.perf_counter() - started:.1f} s: {session.pids}")
         before = _heldout(session)
         print(f"held-out accuracy before: {before}")
         frames, deadline = [], time.perf_counter() + minutes * 60
@@ -98,6 +98,21 @@ def bench(name: str, args: list[str]) -> None:
     runpy.run_path(str(script), run_name="__main__")
 
 
+def sessions(args: argparse.Namespace) -> None:
+    """forge-nb ps / forge-nb down NAME... | --all."""
+    from forge_nb.server import start
+
+    if args.command == "ps":
+        table = start.ps()
+        with pd.option_context("display.width", 200, "display.max_colwidth", 60):
+            print(table.to_string() if len(table) else "forge-nb: no sessions")
+        return
+    if not args.names and not args.all:
+        raise SystemExit("forge-nb down: name the sessions (forge-nb ps lists them) or say --all")
+    for line in start.down(None if args.all else args.names):
+        print(f"forge-nb: {line}")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="forge-nb", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -115,9 +130,15 @@ def main(argv: list[str] | None = None) -> None:
     b = sub.add_parser("bench", help="run benchmarks/NAME.py")
     b.add_argument("name")
     b.add_argument("args", nargs=argparse.REMAINDER)
+    sub.add_parser("ps", help="this user's sessions: name, state, model, mesh, step, versions, clients, age")
+    dn = sub.add_parser("down", help="end sessions (every proc and the server) and clear those gone")
+    dn.add_argument("names", nargs="*", help="session names (see forge-nb ps)")
+    dn.add_argument("--all", action="store_true", help="every session of this user")
     args = parser.parse_args(argv)
     if args.command == "bench":
         return bench(args.name, args.args)
+    if args.command in ("ps", "down"):
+        return sessions(args)
     try:
         config = (Config.from_yaml(args.config) if args.config else Config()).updated(parse_overrides(args.set))
     except ConfigError as e:

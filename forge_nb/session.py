@@ -153,6 +153,10 @@ class Session:
         if errors:
             raise SessionError("forge_nb: some procs did not stop cleanly: " + "; ".join(errors))
 
+    def at_exit(self) -> None:
+        """This process is exiting: the controller goes, and every proc with it."""
+        self.down()
+
     def __enter__(self) -> Session:
         return self
 
@@ -236,9 +240,11 @@ class Session:
         if self.state.trackers:
             self.state.trackers.on_versions(self.state.step_count, self.live_code.registry.records)
         weights = {n: m.weight for n, m in self.live_code.registry.members("reward").items()}
-        if self.watcher is not None and self.watcher.check(StepView(row.as_dict(), rollout, train, weights)):
+        fired = self.watcher.check(StepView(row.as_dict(), rollout, train, weights)) if self.watcher else None
+        if fired is not None:
             self._watch_fired = True
             self.runs.pause()
+            self.state.metrics.emit("watch", step=fired.step, condition=fired.condition, message=fired.message)
 
     def on_dropped(self, rollout: Rollout, staleness: int) -> None:
         """A batch the async run dropped (too stale): logged, never trained."""

@@ -16,6 +16,7 @@ from typing import Any
 
 from forge_nb.config import Config
 from forge_nb.engines.base import SamplingParams
+from forge_nb.errors import SessionError  # noqa: F401 -- where the session's modules take it from
 from forge_nb.metrics import MetricsStream
 from forge_nb.rl.replay import ReplayBuffer
 from forge_nb.run.rollout_log import RolloutLog
@@ -23,10 +24,6 @@ from forge_nb.run.tracking import Trackers, make_trackers
 from forge_nb.tasks.base import Task
 from forge_nb.tasks.prompts import PromptFormat
 from forge_nb.versions import PolicyVersions
-
-
-class SessionError(RuntimeError):
-    """The session cannot do what was asked (not up, an actor failed to start, ...)."""
 
 
 @dataclass

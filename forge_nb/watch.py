@@ -24,12 +24,14 @@ import statistics
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
-from forge_nb.rl.rollout import Rollout
-from forge_nb.state import SessionError
+from forge_nb.errors import SessionError
+
+if TYPE_CHECKING:
+    from forge_nb.rl.rollout import Rollout
 
 BATCH_COLUMNS = ("group_id", "prompt", "completion", "target", "reward", "advantage", "num_tokens")
 

@@ -10,6 +10,7 @@ import psutil
 import pytest
 
 from forge_nb.launch.forks import server as forkserver
+from forge_nb.session import Session
 
 
 def child_processes(exclude: frozenset[int] = frozenset()) -> list[psutil.Process]:
@@ -112,9 +113,8 @@ def no_process_left_by_the_module(request):
 @pytest.fixture(scope="module")
 def session():
     """A real local mesh with the bundled model (small batch to keep tests quick)."""
-    import forge_nb
 
-    s = forge_nb.up(prompts_per_step=4, group_size=4, threads_per_proc=1)
+    s = Session.up(prompts_per_step=4, group_size=4, threads_per_proc=1)
     yield s
     s.down()
     assert wait_no_children() == []

@@ -4,13 +4,13 @@ import time
 
 import pytest
 
-import forge_nb
+from forge_nb.session import Session
 from tests.conftest import wait_no_children
 
 
 @pytest.fixture(scope="module")
 def s():
-    session = forge_nb.up(prompts_per_step=4, group_size=4, threads_per_proc=1, loss="aipo")
+    session = Session.up(prompts_per_step=4, group_size=4, threads_per_proc=1, loss="aipo")
     yield session
     session.down()
     assert wait_no_children() == []

@@ -9,9 +9,9 @@ import time
 import pytest
 import yaml
 
-import forge_nb
 from forge_nb.config import Config
 from forge_nb.export import RUN_SCRIPT, export_config, sbatch_script
+from forge_nb.session import Session
 from tests.conftest import wait_no_children
 
 REWARD = '''
@@ -76,7 +76,7 @@ def test_export_of_a_config_pins_the_engine_and_runs_locally(tmp_path):
 
 @pytest.mark.slow
 def test_exported_session_runs_to_completion_under_slurm_and_matches_the_notebook(slurm, tmp_path):
-    s = forge_nb.up(prompts_per_step=4, group_size=4, threads_per_proc=1, engine="torch", lr=1e-3)
+    s = Session.up(prompts_per_step=4, group_size=4, threads_per_proc=1, engine="torch", lr=1e-3)
     try:
         assert s.set_reward(REWARD) == 1
         s.step(2)

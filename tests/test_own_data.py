@@ -2,8 +2,8 @@
 
 import pytest
 
-import forge_nb
 from forge_nb.live.capture import LiveCodeError
+from forge_nb.session import Session
 from tests.conftest import wait_no_children
 
 ROWS = [{"q": f"{a}+{b}=", "a": str(a + b), "bonus": a % 2} for a in range(10, 40) for b in (3, 7)]
@@ -11,7 +11,7 @@ ROWS = [{"q": f"{a}+{b}=", "a": str(a + b), "bonus": a % 2} for a in range(10, 4
 
 @pytest.fixture(scope="module")
 def s():
-    session = forge_nb.up(
+    session = Session.up(
         task=ROWS,
         prompt_column="q",
         answer_column="a",

@@ -6,7 +6,7 @@ import json
 import pandas as pd
 import pytest
 
-import forge_nb
+from forge_nb.session import Session
 from tests.conftest import wait_no_children
 
 pytestmark = pytest.mark.slow
@@ -33,7 +33,7 @@ def brevity(prompt, completion, target, max_chars):
 @pytest.mark.parametrize("engine", ["torch", "vllm"])
 def test_real_model_rollout_train_sync_and_eval_with_two_weighted_rewards(tmp_path, engine):
     write_dataset(tmp_path / "sums.jsonl")
-    s = forge_nb.up(
+    s = Session.up(
         model="smollm2-135m-instruct",
         task=str(tmp_path / "sums.jsonl"),
         prompt_column="messages",

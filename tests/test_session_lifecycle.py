@@ -4,14 +4,14 @@ import math
 
 import pytest
 
-import forge_nb
 from forge_nb.actors.trainer import LossFailed, LossFailedAfterSteps
 from forge_nb.config import ConfigError
+from forge_nb.session import Session
 from tests.conftest import child_processes, wait_no_children
 
 
 def test_rewards_are_sharded_over_several_reward_procs():
-    s = forge_nb.up(prompts_per_step=3, group_size=3, reward_procs=2, threads_per_proc=1)
+    s = Session.up(prompts_per_step=3, group_size=3, reward_procs=2, threads_per_proc=1)
     try:
         assert len(set(s.pids["reward"])) == 2
         r = s.rollout()
@@ -24,7 +24,7 @@ def test_rewards_are_sharded_over_several_reward_procs():
 
 def test_down_leaves_no_child_process_and_is_idempotent(monkeypatch):
     monkeypatch.setenv("FORGE_NB_FORK_LINGER_S", "0")  # the default outside the suite: down stops the fork server too
-    s = forge_nb.up(prompts_per_step=2, group_size=2, threads_per_proc=1)
+    s = Session.up(prompts_per_step=2, group_size=2, threads_per_proc=1)
     pids = [p for ps in s.pids.values() for p in ps]
     assert {p.pid for p in child_processes()} >= set(pids)
     s.down()
@@ -53,12 +53,12 @@ def test_down_leaves_no_child_process_and_is_idempotent(monkeypatch):
 )
 def test_bad_config_is_one_clear_error_and_starts_nothing(overrides, message):
     with pytest.raises(ConfigError, match=message):
-        forge_nb.up(**overrides)
+        Session.up(**overrides)
     assert child_processes() == []
 
 
 def test_dynamic_sampling_and_overlong_penalty_shape_the_train_batch():
-    s = forge_nb.up(
+    s = Session.up(
         prompts_per_step=6, group_size=4, threads_per_proc=1, dynamic_sampling=True, overlong_cache=3, max_tokens=4
     )
     try:
@@ -79,7 +79,7 @@ def test_dynamic_sampling_and_overlong_penalty_shape_the_train_batch():
 
 
 def test_gspo_sapo_masked_truncated_completions_and_the_batch_std_in_a_session():
-    s = forge_nb.up(
+    s = Session.up(
         prompts_per_step=6, group_size=4, threads_per_proc=1, max_tokens=4,
         loss="sapo", ratio_level="sequence", off_policy_mask=0.5, mask_truncated=True, std_over="batch",
     )  # fmt: skip
@@ -101,7 +101,7 @@ def test_epochs_and_mini_batches_take_their_steps_and_a_loss_failing_midway_keep
     that fails on the third step: the two before it are published as the batch's version, its step finishes
     (synced, its row written), then the error says so; the next batch trains as usual. In an async run the
     batch is counted as trained before the run stops."""
-    s = forge_nb.up(prompts_per_step=4, group_size=4, threads_per_proc=1, epochs=2, mini_batches=2)
+    s = Session.up(prompts_per_step=4, group_size=4, threads_per_proc=1, epochs=2, mini_batches=2)
     try:
         r = s.rollout()
         metrics = s.train(r)

@@ -4,8 +4,8 @@ train, sync; each reward's score of every sample is what TRL's function returns 
 
 import pytest
 
-import forge_nb
 from forge_nb.rewards import set_reward_funcs
+from forge_nb.session import Session
 from tests.conftest import wait_no_children
 
 trl = pytest.importorskip("trl")
@@ -42,7 +42,7 @@ def smollm2():
         use_cpu=True, num_generations=2, per_device_train_batch_size=4, max_completion_length=MAX_TOKENS,
         learning_rate=1e-5, loss_type="grpo",
     )  # fmt: skip
-    s = forge_nb.up(
+    s = Session.up(
         model="smollm2-135m-instruct",
         task=ROWS,
         eval_fraction=0.2,

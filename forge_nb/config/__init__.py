@@ -34,6 +34,7 @@ from forge_nb.config.sections import (
     TaskConfig,
     WeightsConfig,
 )
+from forge_nb.config.session import SessionConfig
 from forge_nb.config.trainer import TrainerConfig, check_devices
 from forge_nb.config.trl_names import TRLConfigWarning, from_trl
 
@@ -51,6 +52,7 @@ __all__ = [
     "LoraConfig",
     "MeshConfig",
     "ModelConfig",
+    "SessionConfig",
     "SlurmConfig",
     "TRLConfigWarning",
     "TaskConfig",
@@ -76,6 +78,7 @@ class Config:
     agent: AgentConfig = field(default_factory=AgentConfig)
     lora: LoraConfig = field(default_factory=LoraConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    session: SessionConfig = field(default_factory=SessionConfig)
     seed: int = 0
 
     def validate(self) -> Config:
@@ -165,6 +168,7 @@ _SECTIONS = (
     "agent",
     "lora",
     "trainer",
+    "session",
 )
 # A section given as a plain string sets its main field: model="smollm2-135m-instruct", engine="vllm", task="addition".
 _MAIN_FIELD = {"model": "path", "engine": "name", "task": "name"}

@@ -69,7 +69,7 @@ class AgentRollouts:
         previous, candidate = registry.live(KIND), registry.next_version(KIND)
         code = None
         try:
-            code = capture_callable(form, fn)
+            code = fn if isinstance(fn, LiveCode) else capture_callable(form, fn)  # (captured by a client already)
             members = {KIND: Member(code), **{f"tool:{t.name}": Member(t) for t in _tools(tools)}}
             validation = self._check(agent_code(members), candidate)
         except LiveCodeError as e:
@@ -133,6 +133,9 @@ class AgentRollouts:
 def _tools(tools: Sequence[Callable]) -> list[LiveCode]:
     out = []
     for tool in tools:
+        if isinstance(tool, LiveCode):
+            out.append(tool)
+            continue
         if not callable(tool) or isinstance(tool, type):
             raise LiveCodeError(f"tools: {tool!r} is not a function")
         out.append(capture_callable("tool", tool))

@@ -12,13 +12,15 @@ from IPython.core.magic import Magics, line_cell_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
 from forge_nb.config import Config, ConfigError, parse_overrides
-from forge_nb.export import run_hint
 from forge_nb.notebook.errors import ForgeMagicError
 from forge_nb.runtime import lifecycle
 from forge_nb.watch import CONDITIONS
 
 SUBCOMMANDS = (
     "up",
+    "attach",
+    "detach",
+    "ps",
     "status",
     "step",
     "run",
@@ -43,7 +45,8 @@ SUBCOMMANDS = (
 class ForgeMagics(Magics):
     @line_cell_magic
     def forge(self, line: str, cell: str | None = None):
-        """%forge up [--slurm|--hosts H1,..]|status|step N|run [N]|pause|resume|stop|sync|samples N [--step S]|
+        """%forge up [--slurm|--hosts H1,..] [--name N] [--new]|attach [NAME]|detach|ps|status|step N|run [N]|pause|
+        resume|stop|sync|samples N [--step S]|
         [--prompt ID]|dashboard|explore|watch NAME=THRESHOLD ...|save PATH|versions|eval|export PATH|endpoint|down
         %%forge reward [--name NAME] [--weight W] | %%forge loss | %%forge rollout [--tools a,b] | %%forge env
         (the cell defines the function -- or the environment class; it is
@@ -105,6 +108,8 @@ class ForgeMagics(Magics):
     @argument("--config", default=None, help="YAML config file")
     @argument("--slurm", action="store_true", help="run the actors in a Slurm job (options: slurm.partition=...)")
     @argument("--hosts", default=None, help="comma-separated tcp://HOST:PORT of running forge_nb workers")
+    @argument("--name", default=None, help="the session's name (default: the notebook's)")
+    @argument("--new", action="store_true", help="start a new session even if this notebook's is running")
     def _up(self, rest: str):
         args = parse_argstring(self._up, rest)
         overrides = parse_overrides(args.overrides) | ({"mesh.kind": "slurm"} if args.slurm else {})
@@ -112,14 +117,44 @@ class ForgeMagics(Magics):
             overrides |= {"mesh.kind": "hosts", "mesh.hosts": [h.strip() for h in args.hosts.split(",") if h.strip()]}
         config = (Config.from_yaml(args.config) if args.config else Config()).updated(overrides)
         current = lifecycle.current()
-        if current is not None:
+        if current is not None and not args.new and args.name in (None, current.name):
             if current.config == config:
-                print("forge_nb: the session is already up; reusing it (%forge down to start afresh)")
+                print(f"forge_nb: session {current.name!r} is already up in this kernel; reusing it")
                 return current
-            raise ConfigError("forge_nb: a session with another config is up; run %forge down first")
-        from forge_nb.notebook.session import NotebookSession
+            raise ConfigError(
+                f"forge_nb: session {current.name!r} with another config is up; %forge down first, or --new"
+            )
+        import forge_nb
 
-        return NotebookSession.up(config)
+        session = forge_nb.up(config, name=args.name, new=args.new)
+        print(_came_up(session))
+        return None
+
+    def _attach(self, rest: str):
+        """%forge attach [NAME]: the running session NAME (default: this notebook's, or the only one running)."""
+        import forge_nb
+
+        name = rest.strip() or None
+        session = forge_nb.attach(name)
+        run = (session.status().get("run") or {}).get("state")
+        print(
+            f"forge_nb: attached to session {session.name!r} at step {session.step_count}"
+            + (f"; its background run is {run}" if run else "")
+        )
+        return None
+
+    def _detach(self, rest: str):
+        session = lifecycle.current()
+        if session is None:
+            print("forge_nb: no session is attached in this kernel")
+            return
+        session.detach()
+        print(f"forge_nb: detached; session {session.name!r} goes on (%forge attach {session.name})")
+
+    def _ps(self, rest: str):
+        import forge_nb
+
+        return forge_nb.ps()
 
     def _status(self, rest: str):
         return _session().status()
@@ -198,15 +233,19 @@ class ForgeMagics(Magics):
     @argument("--steps", type=int, default=100, help="steps the exported run takes (default 100)")
     def _export(self, rest: str):
         args = parse_argstring(self._export, rest)
+        from forge_nb.export import run_hint
+
         out = _session().export(args.path, args.steps)
         print(f"forge_nb: {run_hint(out)}")
         return out
 
     def _down(self, rest: str):
         session = lifecycle.current()
-        if session is not None:
-            session.down()
-            print("forge_nb: every proc stopped")
+        if session is None:
+            print("forge_nb: no session is up in this kernel (forge-nb ps lists this user's; %forge attach NAME)")
+            return
+        session.down()
+        print(f"forge_nb: session {session.name!r} is down: every proc stopped, its server too")
 
 
 def _last_function(cell: str, namespace: dict, kinds: tuple = (ast.FunctionDef, ast.AsyncFunctionDef)):
@@ -218,6 +257,12 @@ def _last_function(cell: str, namespace: dict, kinds: tuple = (ast.FunctionDef, 
         return None
     fn = namespace.get(names[-1]) if names else None
     return fn if callable(fn) else None
+
+
+def _came_up(session) -> str:
+    """What a cell says once `%forge up` returns: what came up, in one look."""
+    rows = session.summary()
+    return "forge_nb: " + "\n          ".join(f"{k}: {v}" for k, v in rows.items())
 
 
 def _session():

@@ -4,28 +4,32 @@
 The sidebar talks to the kernel only over the kernel channel that Jupyter already authenticates
 (comm messages and one silent execute request): no server endpoint.
 
-Protocol 1. Every message is a JSON object with a ``type``.
+Protocol 2. Every message is a JSON object with a ``type``.
 
 frontend -> kernel
-    comm_open with data ``{"protocol": 1}``
+    comm_open with data ``{"protocol": 2}``
         answered at once with a ``state``; after that the kernel pushes a ``state`` whenever what it
         shows has changed, at most ``MAX_HZ`` (2) per second: metrics rows are batched, never one
         message per row.
     ``{"type": "refresh"}``
         a ``state`` now (the frontend asks after its websocket reconnects).
-    ``{"type": "action", "id": int, "action": "sync" | "run" | "pause" | "resume"}``
+    ``{"type": "action", "id": int, "action": "sync" | "run" | "pause" | "resume" | "attach"}``
         ``Session.sync()`` / ``run()`` / ``pause()`` / ``resume()`` in a worker thread (the comm
-        handler never waits on the mesh); a ``result`` with the same ``id`` follows, then a ``state``.
+        handler never waits on the mesh), or ``forge_nb.attach(name)`` of the ``attachable`` session;
+        a ``result`` with the same ``id`` follows, then a ``state``.
 
 kernel -> frontend
-    ``{"type": "state", "protocol": 1, "time": float, "session": SESSION | null}``
-        ``time``: unix seconds when taken. ``session`` is null when no session is up in this kernel.
+    ``{"type": "state", "protocol": 2, "time": float, "session": SESSION | null, "attachable": ATTACHABLE | null}``
+        ``time``: unix seconds when taken. ``session`` is null when no session is up in this kernel; then
+        ``attachable`` is this notebook's session when its server still runs it (after a kernel restart):
+        ``{"name": str, "steps": int, "run": str | null}``.
     ``{"type": "result", "id": int, "action": str, "ok": bool, "message": str}``
         ``message``: one line for the sidebar ("policy v4 served in 210 ms (1.30 GB/s)", or
         "RunError: ...").
 
 SESSION, from ``Session.status()`` (and the metrics stream for tokens/s)::
 
+    "name": str                       the session's name (`forge-nb ps`), "clients": int (attached now)
     "mesh": "local" | "slurm", "slurm_job": str | null, "engine": "vllm" | "torch"
     "actors": [{"role": str, "pids": [int], "health": HEALTH, "devices": [[int]], "hosts": [str]}]
                                       one entry per role; devices and hosts: the placement plan's,
@@ -44,10 +48,11 @@ SESSION, from ``Session.status()`` (and the metrics stream for tokens/s)::
 HEALTH: "alive" (every proc of the role runs), "degraded" (some do not), "dead" (none does), or
 "remote" (a Slurm mesh: its procs run on other hosts and are not checked from the kernel's host).
 
-The probe: a kernel that imported forge_nb without ``%load_ext`` (``forge_nb.up()`` in a cell) has no
-target yet. The sidebar then sends one silent execute request whose user expression is ``PROBE``: it
-calls ``probe()`` only if ``forge_nb`` is already in ``sys.modules`` (it never imports forge_nb into a
-kernel), and the sidebar opens the comm when the answer is ``"ready"``.
+The probe: a kernel that imported forge_nb without ``%load_ext`` (``forge_nb.up()`` in a cell), or a new
+kernel of a notebook whose session still runs, has no target yet. The sidebar then sends one silent execute
+request whose user expression is ``PROBE``: it calls ``probe()`` when forge_nb is installed in the kernel's
+environment (importing this module: no torch, no Monarch), and the sidebar opens the comm when the answer is
+``"ready"``.
 """
 
 from __future__ import annotations
@@ -64,17 +69,17 @@ import psutil
 from forge_nb.runtime import lifecycle
 
 TARGET = "forge_nb.sidebar"
-PROTOCOL = 1
+PROTOCOL = 2
 MAX_HZ = 2.0  # state messages per second, at most
 HISTORY = 60  # tokens/s points in the sparkline (trained steps)
 # A reloaded browser tab never closes its comm: past this many, the oldest is closed, so dead comms
 # do not pile up (and keep the ticker running) in a long-lived kernel.
 MAX_COMMS = 8
-ACTIONS = ("sync", "run", "pause", "resume")
+ACTIONS = ("sync", "run", "pause", "resume", "attach")
 # The sidebar's user expression (kept here so the protocol lives in one place; the TypeScript copies it).
 PROBE = (
     "__import__('forge_nb.notebook.sidebar', fromlist=['probe']).probe() "
-    "if 'forge_nb' in __import__('sys').modules else 'absent'"
+    "if __import__('importlib.util', fromlist=['find_spec']).find_spec('forge_nb') else 'absent'"
 )
 
 Message = dict[str, Any]
@@ -115,6 +120,8 @@ def snapshot(
     run = status.get("run")
     points = [round(float(v), 1) for v in history]
     return {
+        "name": status.get("session", ""),
+        "clients": len(status.get("clients", [])),
         "mesh": status.get("mesh"),
         "slurm_job": status.get("slurm_job"),
         "engine": status.get("engine"),
@@ -157,6 +164,8 @@ def action_message(action: str, result: Any) -> str:
         gbps = result.get("gbps")
         rate = f" ({gbps:.2f} GB/s)" if isinstance(gbps, int | float) and gbps > 0 else ""
         return f"policy v{result.get('version')} served in {took}{rate}"
+    if action == "attach":
+        return f"attached to session {result.name!r} (step {result.step_count})"
     return {"run": "background run started", "pause": "pausing after the step in flight", "resume": "resumed"}[action]
 
 
@@ -223,9 +232,12 @@ class Hub:
         try:
             if action not in ACTIONS:
                 raise ValueError(f"unknown action {action!r}; one of {', '.join(ACTIONS)}")
-            if session is None:
+            if action == "attach":
+                result = self._attach()
+            elif session is None:
                 raise RuntimeError("no session is up in this kernel")
-            result = getattr(session, action)()
+            else:
+                result = getattr(session, action)()
             reply |= {"ok": True, "message": action_message(action, result)}
         except Exception as e:  # shown in the sidebar: the click must say why it did nothing
             reply |= {"ok": False, "message": f"{type(e).__name__}: {first_line(str(e)) or ''}".rstrip(": ")}
@@ -245,7 +257,32 @@ class Hub:
             except Exception:  # it went down while we read it: the next state says so
                 status = {"up": False}
             body = snapshot(status, history, self._alive)
-        return {"type": "state", "protocol": PROTOCOL, "time": time.time(), "session": body}
+        attachable = self._attachable() if body is None else None
+        return {"type": "state", "protocol": PROTOCOL, "time": time.time(), "session": body, "attachable": attachable}
+
+    def _attachable(self) -> dict[str, Any] | None:
+        """This notebook's session, when its server runs it and this kernel holds no session."""
+        from forge_nb.server import registry, start
+
+        name = start.notebook_name()
+        if name is None:
+            return None
+        try:
+            info = registry.SessionDir.named(name).info()
+        except registry.RegistryError:
+            return None
+        if info is None or info.state != "up" or not info.alive:
+            return None
+        return {"name": name, "steps": info.step, "run": info.run}
+
+    def _attach(self) -> Any:
+        """The attach action: `forge_nb.attach` of this notebook's running session."""
+        import forge_nb
+
+        found = self._attachable()
+        if found is None:
+            raise RuntimeError("this notebook has no running session to attach to")
+        return forge_nb.attach(found["name"])
 
     def _bind(self, session: Any) -> Any:
         """Follow the session started last: subscribe to its metrics, drop the previous one's."""

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-import forge_nb
 from forge_nb.live.capture import LiveCodeError
 from forge_nb.runtime.calls import wait
+from forge_nb.session import Session
 from tests.conftest import child_processes, wait_no_children
 
 KL_LOSS = """
@@ -20,7 +20,7 @@ def loss(logprobs, old_logprobs, advantages, mask, ref_logprobs):
 def test_kl_to_the_frozen_reference_starts_at_zero_and_grows_as_the_policy_moves():
     # The module's `session` fixture may already run (its procs are not this test's to stop).
     before = frozenset(p.pid for p in child_processes())
-    s = forge_nb.up(prompts_per_step=4, group_size=4, threads_per_proc=1, kl_coef=0.05, lr=5e-3, engine="torch")
+    s = Session.up(prompts_per_step=4, group_size=4, threads_per_proc=1, kl_coef=0.05, lr=5e-3, engine="torch")
     try:
         assert "reference" in s.status()["procs"]
         assert "KL(reference)" in s.registry.live("loss").code.origin

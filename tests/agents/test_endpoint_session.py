@@ -14,10 +14,10 @@ from urllib.parse import urlparse
 import pytest
 import requests
 
-import forge_nb
 from forge_nb.agents.tasks.calculator import calculator_problems
 from forge_nb.notebook.magics import ForgeMagics
 from forge_nb.runtime.calls import wait
+from forge_nb.session import Session
 from tests.agents.frameworks.sdk_agent import sdk_rollout
 from tests.agents.frameworks.smol_agent import smol_rollout
 from tests.conftest import wait_no_children
@@ -58,7 +58,7 @@ async def drops_history(client, row, **context):
 
 @pytest.fixture(scope="module")
 def s():
-    session = forge_nb.up(model="smollm2-135m-instruct", task=calculator_problems(24), engine="torch", **OPTIONS)
+    session = Session.up(model="smollm2-135m-instruct", task=calculator_problems(24), engine="torch", **OPTIONS)
     yield session
     session.down()
     assert wait_no_children() == []

@@ -7,13 +7,13 @@ import math
 
 import pytest
 
-import forge_nb
 from forge_nb.agents.adapters.textarena import TextArenaEnv
 from forge_nb.agents.tasks.calculator import calculator, calculator_problems
 from forge_nb.agents.tasks.guess_number import GuessTheNumber
 from forge_nb.live.builtin import builtin_loss
 from forge_nb.live.capture import LiveCodeError
 from forge_nb.rl.losses import LOSSES
+from forge_nb.session import Session
 from tests.conftest import wait_no_children
 
 pytestmark = pytest.mark.slow
@@ -34,7 +34,7 @@ async def two_turns(client, row, **context):
 
 @pytest.fixture(scope="module", params=["torch", "vllm"])
 def s(request):
-    session = forge_nb.up(model="smollm2-135m-instruct", task=calculator_problems(24), engine=request.param, **OPTIONS)
+    session = Session.up(model="smollm2-135m-instruct", task=calculator_problems(24), engine=request.param, **OPTIONS)
     yield session
     session.down()
     assert wait_no_children() == []

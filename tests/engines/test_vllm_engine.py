@@ -10,6 +10,7 @@ import pytest
 from forge_nb.engines.base import SamplingParams
 from forge_nb.engines.vllm_engine import vllm_available
 from forge_nb.runtime.calls import on_gang, wait
+from forge_nb.session import Session
 from tests.conftest import wait_no_children
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(not vllm_available(), reason="vLLM is not installed")]
@@ -19,9 +20,8 @@ TOLERANCE = 1e-4  # max abs logprob difference, vLLM (float32 CPU kernels) vs th
 
 @pytest.fixture(scope="module")
 def s():
-    import forge_nb
 
-    session = forge_nb.up(engine="vllm", prompts_per_step=4, group_size=4, threads_per_proc=1, temperature=1.0)
+    session = Session.up(engine="vllm", prompts_per_step=4, group_size=4, threads_per_proc=1, temperature=1.0)
     yield session
     session.down()
     assert wait_no_children() == []

@@ -13,6 +13,7 @@ import pytest
 
 from forge_nb.engines.vllm_engine import vllm_available
 from forge_nb.runtime.calls import wait
+from forge_nb.session import Session
 from tests.conftest import child_processes, wait_no_children
 from tests.engines.test_vllm_engine import assert_trained_steps_reach_the_engine
 
@@ -23,10 +24,9 @@ TOLERANCE = 1e-4  # max abs logprob difference, vLLM (float32 CPU kernels, two r
 
 @pytest.fixture(scope="module")
 def s():
-    import forge_nb
 
     options = {"engine.tensor_parallel_size": 2, "prompts_per_step": 4, "group_size": 4, "threads_per_proc": 1}
-    session = forge_nb.up(engine="vllm", **options)
+    session = Session.up(engine="vllm", **options)
     yield session
     session.down()
     assert wait_no_children() == []
@@ -43,11 +43,10 @@ def agreement(s) -> float:
 def test_lora_at_two_ranks_serves_the_trainers_adapter():
     """With LoRA each version is an adapter vLLM's two ranks serve: on a fixed prompt + completion, the
     generator's logprobs move with training and equal the trainer's after the sync."""
-    import forge_nb
 
     options = {"engine.tensor_parallel_size": 2, "lora.enabled": True, "prompts_per_step": 4, "group_size": 4}
     running = frozenset(p.pid for p in child_processes())  # the module's session, if a test started it
-    s = forge_nb.up(engine="vllm", threads_per_proc=1, **options)
+    s = Session.up(engine="vllm", threads_per_proc=1, **options)
     try:
         assert_trained_steps_reach_the_engine(s, 3)
     finally:

@@ -7,9 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-import forge_nb
 from forge_nb.runtime.calls import wait
-from forge_nb.session import SessionError
+from forge_nb.session import Session, SessionError
 from tests.conftest import wait_no_children
 from tests.fleet.probe import EnvProbe
 from tests.fresh import in_fresh_process
@@ -19,7 +18,7 @@ pytestmark = pytest.mark.slow
 
 
 def slurm_session(logs, **overrides):
-    return forge_nb.up(
+    return Session.up(
         mesh={"kind": "slurm"},
         slurm={"log_dir": str(logs), "exclusive": False, "start_timeout_s": 60, **overrides},
         prompts_per_step=4,
@@ -97,4 +96,4 @@ def test_job_pending_past_the_timeout_is_cancelled_with_its_reason(slurm, tmp_pa
 def test_no_slurm_tools_is_a_clear_error(monkeypatch, tmp_path):
     monkeypatch.setenv("PATH", str(tmp_path))  # no sbatch here
     with pytest.raises(SessionError, match=r"sbatch, squeue, scancel, scontrol not found: .*Slurm's client tools"):
-        forge_nb.up(mesh={"kind": "slurm"}, engine="torch")
+        Session.up(mesh={"kind": "slurm"}, engine="torch")

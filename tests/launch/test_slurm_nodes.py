@@ -14,11 +14,10 @@ import time
 
 import pytest
 
-import forge_nb
 from forge_nb.config import Config
 from forge_nb.export import export_config
 from forge_nb.launch.hosts import HostLost
-from forge_nb.session import SessionError
+from forge_nb.session import Session, SessionError
 from forge_nb.testing import netns_hosts
 from tests.conftest import forked_roles, wait_no_children
 from tests.fresh import in_fresh_process
@@ -35,7 +34,7 @@ def three_nodes(logs: str):
     config = Config().updated(
         {**SHAPE, "mesh.kind": "slurm", "slurm.log_dir": logs, "slurm.exclusive": False, "engine.name": "torch"}
     )
-    return forge_nb.up(config, prompts_per_step=4, group_size=4, threads_per_proc=1)
+    return Session.up(config, prompts_per_step=4, group_size=4, threads_per_proc=1)
 
 
 def uts_hostname(pid: int) -> str:
@@ -155,7 +154,7 @@ def test_exported_sbatch_for_three_nodes_runs_two_steps_there(slurm, tmp_path):
 
 
 def local_then_three_nodes(logs: str) -> str:
-    forge_nb.up(prompts_per_step=4, group_size=4, threads_per_proc=1, engine="torch").down()
+    Session.up(prompts_per_step=4, group_size=4, threads_per_proc=1, engine="torch").down()
     try:
         three_nodes(logs).down()
     except SessionError as e:

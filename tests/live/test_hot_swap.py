@@ -7,12 +7,13 @@ import pytest
 
 import forge_nb
 from forge_nb.live.capture import LiveCodeError
+from forge_nb.session import Session
 from tests.conftest import wait_no_children
 
 
 @pytest.fixture(scope="module")
 def s():
-    session = forge_nb.up(prompts_per_step=4, group_size=4, threads_per_proc=1, timeout_s=0.5, probe_size=8)
+    session = Session.up(prompts_per_step=4, group_size=4, threads_per_proc=1, timeout_s=0.5, probe_size=8)
     session.step(1)
     yield session
     session.down()

@@ -9,8 +9,8 @@ import time
 import psutil
 import pytest
 
-import forge_nb
 from forge_nb.live.capture import LiveCodeError
+from forge_nb.session import Session
 from tests.conftest import child_processes, wait_no_children
 
 SCRIPT = textwrap.dedent("""
@@ -83,7 +83,7 @@ def test_a_script_sets_rewards_from_functions_helpers_objects_and_a_module(tmp_p
 
 @pytest.fixture
 def s():
-    session = forge_nb.up(prompts_per_step=4, group_size=4, threads_per_proc=1, timeout_s=0.5, probe_size=8)
+    session = Session.up(prompts_per_step=4, group_size=4, threads_per_proc=1, timeout_s=0.5, probe_size=8)
     session.step(1)
     yield session
     session.down()

@@ -7,8 +7,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-import forge_nb
 from forge_nb.runtime.calls import wait
+from forge_nb.session import Session
 from tests.conftest import wait_no_children
 
 pytestmark = pytest.mark.slow
@@ -67,7 +67,7 @@ def _train_sync_and_compare(s) -> dict:
 
 
 def test_lora_on_the_torch_engine_trains_syncs_resumes_and_exports(tmp_path):
-    s = forge_nb.up(engine="torch", **SETUP)
+    s = Session.up(engine="torch", **SETUP)
     try:
         sizes = s.status()["trainer"]
         assert sizes["lora"] and sizes["trainable_params"] < sizes["total_params"] / 50
@@ -85,7 +85,7 @@ def test_lora_on_the_torch_engine_trains_syncs_resumes_and_exports(tmp_path):
         trained = wait(s.fleet.trainer.logprobs.call_one([prompt], [answer]))
     finally:
         s.down()
-    r = forge_nb.resume(tmp_path / "ck")
+    r = Session.restore(tmp_path / "ck")
     try:
         assert (r.trainer_version, r.generator_version) == (2, 2)
         r.step(1)
@@ -104,7 +104,7 @@ def test_lora_on_the_torch_engine_trains_syncs_resumes_and_exports(tmp_path):
 
 
 def test_lora_on_vllm_serves_each_version_as_an_adapter():
-    s = forge_nb.up(engine="vllm", **SETUP)
+    s = Session.up(engine="vllm", **SETUP)
     try:
         assert s.status()["engine"] == "vllm"
         _train_sync_and_compare(s)

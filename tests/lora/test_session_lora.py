@@ -6,8 +6,8 @@ import torch
 import yaml
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-import forge_nb
 from forge_nb.models import BUNDLED_MODEL
+from forge_nb.session import Session
 from tests.conftest import wait_no_children
 
 SMALL = {"prompts_per_step": 4, "group_size": 4, "threads_per_proc": 1, "lr": 1e-2}
@@ -15,7 +15,7 @@ LORA = {"r": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj", "down_proj"]}
 
 
 def test_a_checkpoint_between_train_and_sync_keeps_the_served_adapter_one_version_behind(tmp_path):
-    s = forge_nb.up(lora=LORA, **SMALL)
+    s = Session.up(lora=LORA, **SMALL)
     try:
         s.step(1)
         s.train(s.rollout())  # trained, not synced
@@ -26,7 +26,7 @@ def test_a_checkpoint_between_train_and_sync_keeps_the_served_adapter_one_versio
         s.down()
     assert (tmp_path / "ck" / "generator" / "adapter_model.safetensors").is_file()
     assert (tmp_path / "ck" / "trainer" / "adapter_config.json").is_file()
-    r = forge_nb.resume(tmp_path / "ck")
+    r = Session.restore(tmp_path / "ck")
     try:
         assert r.config.lora.enabled and (r.trainer_version, r.generator_version) == (2, 1)
         assert r.checksums()["trainer"] == sums["trainer"] and r.checksums()["generator"] == sums["generator"]
@@ -39,7 +39,7 @@ def test_a_checkpoint_between_train_and_sync_keeps_the_served_adapter_one_versio
 
 
 def test_an_export_runs_from_the_merged_model_with_the_adapter_beside_it(tmp_path):
-    s = forge_nb.up(lora=LORA, **SMALL)
+    s = Session.up(lora=LORA, **SMALL)
     try:
         s.step(1)
         out = s.export(tmp_path / "bundle")

@@ -2,8 +2,8 @@
 
 import pytest
 
-import forge_nb
 from forge_nb.config import Config, ConfigError
+from forge_nb.session import Session
 from tests.conftest import child_processes, wait_no_children
 
 
@@ -40,7 +40,7 @@ def test_bad_lora_fields_are_refused():
 def test_up_with_a_bad_target_starts_nothing():
     before = {p.pid for p in child_processes()}  # a straggler of an earlier test is not this one's
     with pytest.raises(ConfigError, match="not found"):
-        forge_nb.up(lora={"target_modules": ["nope"]})
+        Session.up(lora={"target_modules": ["nope"]})
     left = wait_no_children(exclude=frozenset(before))
     assert left == [], [(p.pid, " ".join(p.cmdline())[:200]) for p in left]
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 
 from jupyter_client.manager import start_new_kernel
 
@@ -10,8 +12,20 @@ from jupyter_client.manager import start_new_kernel
 class Kernel:
     """A fresh python3 kernel; `stop()` shuts it down."""
 
-    def __init__(self) -> None:
-        self.manager, self.client = start_new_kernel(kernel_name="python3")
+    def __init__(self, env: dict[str, str] | None = None) -> None:
+        """`env`: variables added to the kernel's environment (e.g. JPY_SESSION_NAME, the notebook's path, as
+        jupyter_server sets it)."""
+        extra = {"env": {**os.environ, **env}} if env else {}
+        self.manager, self.client = start_new_kernel(kernel_name="python3", **extra)
+
+    def restart(self, kill: bool = False) -> None:
+        """Restart the kernel as JupyterLab's "Restart Kernel" does (or after SIGKILL, as the OOM killer ends
+        one); the same client talks to the new kernel."""
+        if kill:
+            os.kill(self.pid, signal.SIGKILL)
+            self.manager.provisioner.process.wait(30)
+        self.manager.restart_kernel(now=True)
+        self.client.wait_for_ready(timeout=120)
 
     def run(self, code: str, timeout: float = 120) -> tuple[str, dict]:
         """Execute `code` -> (all text output, the reply content)."""

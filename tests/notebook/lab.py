@@ -94,6 +94,11 @@ def jupyter_lab(root: Path, token: str = "forge-nb-test") -> Iterator[str]:
     try:
         yield url
     finally:
+        # The notebooks' sessions outlive their kernels, in their servers: ended here, as a user would end them
+        # (forge-nb down --all: this worker's sessions only, see conftest.py).
+        from forge_nb.server import start
+
+        start.down()
         procs = [server, *(psutil.Process(server.pid).children(recursive=True))]
         server.send_signal(signal.SIGINT)  # jupyter asks to confirm on the first ^C: the second stops it
         time.sleep(0.5)

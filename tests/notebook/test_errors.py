@@ -64,3 +64,9 @@ def test_where_names_the_users_line_and_forge_nbs_place():
     except user_errors() as e:
         found = where(e.__traceback__)
     assert found.startswith("in test_errors.py:") and "-> forge_nb/config/sections.py:" in found
+
+
+def test_the_user_errors_known_by_name_are_the_classes():
+    from forge_nb.notebook.errors import USER_ERRORS
+
+    assert {f"{c.__module__}:{c.__qualname__}" for c in user_errors()} == USER_ERRORS

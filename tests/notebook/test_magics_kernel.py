@@ -1,6 +1,8 @@
 """Every %forge magic in a real IPython kernel driven through jupyter_client."""
 
 import json
+import subprocess
+import sys
 import time
 
 import psutil
@@ -18,6 +20,7 @@ def kernel():
     k.ok("%load_ext forge_nb")
     k.ok(UP)
     yield k
+    k.ok("%forge down")
     k.stop()
 
 
@@ -80,23 +83,28 @@ def test_background_run_advances_while_other_cells_execute(kernel):
     assert "finished" in kernel.ok("print(s.status()['run'])")
 
 
-def test_down_then_kernel_shutdown_leave_no_process():
+def test_down_leaves_no_process_and_a_kernel_shutdown_leaves_the_session_to_its_server():
     k = Kernel()
     try:
         k.ok("import os; os.environ['FORGE_NB_FORK_LINGER_S'] = '0'")  # the default outside the suite
         k.ok("%load_ext forge_nb")
         k.ok(UP)
         assert len(_descendants(k.pid)) >= 3
-        k.ok("%forge down")
+        assert "is down" in k.ok("%forge down")
         deadline = time.monotonic() + 10
         while _descendants(k.pid) and time.monotonic() < deadline:
             time.sleep(0.1)
         assert _descendants(k.pid) == []
-        k.ok(UP)  # up again after down; then shut the kernel down with the mesh still up
-        procs = [psutil.Process(p) for p in _descendants(k.pid)] + [psutil.Process(k.pid)]
+        assert "no session is up" in k.ok("%forge down")  # says so, rather than nothing
+        k.ok(UP + " --name left")  # up again after down; then shut the kernel down with the session up
+        procs = [psutil.Process(p) for p in _descendants(k.pid)]
     finally:
         k.client.stop_channels()
         k.manager.shutdown_kernel(now=False)
+    time.sleep(2)
+    assert all(p.is_running() for p in procs)  # the session outlives its kernel, in its server
+    ended = subprocess.run([sys.executable, "-m", "forge_nb.cli", "down", "left"], capture_output=True, text=True)
+    assert "left: down" in ended.stdout, ended.stdout + ended.stderr
     gone, alive = psutil.wait_procs(procs, timeout=30)
     assert alive == []
 

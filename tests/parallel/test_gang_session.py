@@ -5,8 +5,8 @@ every rank (a bad one changes nothing)."""
 import psutil
 import pytest
 
-import forge_nb
 from forge_nb.actors.trainer import LossFailed
+from forge_nb.session import Session
 from tests.conftest import wait_no_children
 
 SMALL = {"prompts_per_step": 4, "group_size": 4, "threads_per_proc": 1}
@@ -15,7 +15,7 @@ SMALL = {"prompts_per_step": 4, "group_size": 4, "threads_per_proc": 1}
 @pytest.fixture(scope="module")
 def gang():
     """2 trainer procs and a sharded reference (KL on), on a host that pretends to have 4 GPUs."""
-    s = forge_nb.up(trainer_procs=2, generator_procs=2, gpus_per_host=4, kl_coef=0.05, **SMALL)
+    s = Session.up(trainer_procs=2, generator_procs=2, gpus_per_host=4, kl_coef=0.05, **SMALL)
     yield s
     s.down()
     assert wait_no_children() == []

@@ -10,7 +10,7 @@ import pandas as pd
 import psutil
 import pytest
 
-import forge_nb
+from forge_nb.session import Session
 from tests.conftest import wait_no_children
 
 SMALL = {"prompts_per_step": 4, "group_size": 4, "threads_per_proc": 1}
@@ -32,12 +32,12 @@ ROWS = ["loss", "grad_norm", "mean_reward", "policy_version"]
 def test_two_procs_take_the_one_proc_steps_and_a_checkpoint_resumes_at_one_and_two_bit_for_bit(tmp_path):
     """4 steps at 1 proc; 4 at 2 procs with a checkpoint after the second: the same rows and every weight
     bit for bit; the checkpoint (a shard file per rank) resumed at 1 and at 2 procs takes the same 2 steps."""
-    one = forge_nb.up(trainer_procs=1, **SMALL, **ONE_FORWARD)
+    one = Session.up(trainer_procs=1, **SMALL, **ONE_FORWARD)
     try:
         one_rows, one_sums = one.step(4)[ROWS], one.checksums()
     finally:
         one.down()
-    s = forge_nb.up(trainer_procs=2, **SMALL, **ONE_FORWARD)
+    s = Session.up(trainer_procs=2, **SMALL, **ONE_FORWARD)
     try:
         first = s.step(2)[ROWS]
         saved = s.checksums()["trainer"]
@@ -49,7 +49,7 @@ def test_two_procs_take_the_one_proc_steps_and_a_checkpoint_resumes_at_one_and_t
     assert after["trainer"] == one_sums["trainer"] == after["generator"]  # every weight, bit for bit
     assert len(list((tmp_path / "ck" / "trainer" / "sharded").glob("*.distcp"))) == 2  # a file per rank
     for procs in (1, 2):
-        r = forge_nb.resume(tmp_path / "ck", trainer_procs=procs)
+        r = Session.restore(tmp_path / "ck", trainer_procs=procs)
         try:
             assert r.checksums()["trainer"] == saved
             r.step(2)
@@ -81,7 +81,7 @@ def _kill(pids: list[int]) -> None:
 
 def test_a_rank_killed_mid_run_restarts_the_gang_from_the_last_checkpoint(tmp_path):
     checkpoint = {"every": 1, "dir": str(tmp_path), "on_trainer_failure": "restore"}
-    s = forge_nb.up(trainer_procs=2, checkpoint=checkpoint, collective_timeout_s=5.0, **SMALL)
+    s = Session.up(trainer_procs=2, checkpoint=checkpoint, collective_timeout_s=5.0, **SMALL)
     try:
         run = s.run(steps=4)
         _wait_until(lambda: run.done >= 2)
@@ -107,7 +107,7 @@ def test_a_rank_that_hangs_restarts_the_gang_on_its_peers_timeout_in_a_save_and_
     from forge_nb.fleet.recovery import CheckpointLost
 
     checkpoint = {"every": 1, "dir": str(tmp_path / "periodic"), "on_trainer_failure": "restore"}
-    s = forge_nb.up(trainer_procs=2, checkpoint=checkpoint, collective_timeout_s=5.0, **SMALL)
+    s = Session.up(trainer_procs=2, checkpoint=checkpoint, collective_timeout_s=5.0, **SMALL)
     stopped = []
     try:
         s.step(1)
@@ -137,7 +137,7 @@ def test_a_sharded_reference_rank_killed_or_hung_is_started_afresh_and_the_step_
     """KL on: the reference is a gang of 2 procs beside the trainer's. A reference rank killed, then one
     stopped (SIGSTOP): each time its peer's collective fails, the reference gang is started afresh and the
     step is taken; the trainer is not touched."""
-    s = forge_nb.up(trainer_procs=2, kl_coef=0.05, collective_timeout_s=5.0, **SMALL)
+    s = Session.up(trainer_procs=2, kl_coef=0.05, collective_timeout_s=5.0, **SMALL)
     stopped, trainer = [], s.pids["trainer"]
     try:
         s.step(1)
@@ -174,7 +174,7 @@ def test_smollm2_at_two_procs_trains_and_serves_whole_versions(tmp_path):
         "lr": 1e-5,
         "threads_per_proc": 1,
     }
-    s = forge_nb.up(trainer_procs=2, **real)
+    s = Session.up(trainer_procs=2, **real)
     try:
         for version in (1, 2):
             assert s.step(1).iloc[-1]["policy_version"] == version

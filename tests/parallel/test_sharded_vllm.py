@@ -3,7 +3,7 @@ served logprobs equal the trainer's (float32 CPU kernels: to 1e-4)."""
 
 import pytest
 
-import forge_nb
+from forge_nb.session import Session
 from tests.conftest import wait_no_children
 from tests.engines.test_vllm_engine import assert_trained_steps_reach_the_engine
 
@@ -11,7 +11,7 @@ pytestmark = pytest.mark.slow
 
 
 def test_train_and_sync_from_two_trainer_ranks_reach_vllm():
-    s = forge_nb.up(engine="vllm", trainer_procs=2, prompts_per_step=4, group_size=4, threads_per_proc=1)
+    s = Session.up(engine="vllm", trainer_procs=2, prompts_per_step=4, group_size=4, threads_per_proc=1)
     try:
         assert_trained_steps_reach_the_engine(s, 2)
     finally:

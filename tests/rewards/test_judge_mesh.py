@@ -10,9 +10,9 @@ from dataclasses import dataclass
 
 import pytest
 
-import forge_nb
 from forge_nb.live.capture import LiveCodeError
 from forge_nb.rewards import Ensemble, addition_verifiers, judge
+from forge_nb.session import Session
 from tests.conftest import wait_gone, wait_no_children
 
 pytestmark = pytest.mark.slow  # SmolLM2-135M-Instruct judges
@@ -35,7 +35,7 @@ def started():
     runs, so every test sees the same session whatever ran before it: the start itself is measured here
     and checked by the test that is about it."""
     # A 0.5 s reward timeout: far less than the judge takes, which must not count against it.
-    session = forge_nb.up(prompts_per_step=4, group_size=4, threads_per_proc=1, timeout_s=0.5, probe_size=8)
+    session = Session.up(prompts_per_step=4, group_size=4, threads_per_proc=1, timeout_s=0.5, probe_size=8)
     try:
         session.step(1)
         judge_before, start = "judge" in session.pids, time.monotonic()
@@ -96,7 +96,7 @@ def test_rescoring_with_a_judge_runs_in_the_checker(s):
 
 def test_a_resumed_session_starts_its_judge_when_the_first_batch_asks_and_loses_no_sample(s, tmp_path):
     s.save(tmp_path / "ck")
-    r = forge_nb.resume(tmp_path / "ck")
+    r = Session.restore(tmp_path / "ck")
     try:
         assert "judge" not in r.pids  # nothing has asked it yet
         r.step(1)
@@ -111,9 +111,9 @@ def test_a_resumed_session_starts_its_judge_when_the_first_batch_asks_and_loses_
 # with its exit status and output instead of ending the suite.
 KILL_THE_JUDGE = """
 import os, signal, sys
-import forge_nb
 from forge_nb.rewards import judge
-s = forge_nb.up(prompts_per_step=4, group_size=4, threads_per_proc=1, timeout_s=0.5, probe_size=8)
+from forge_nb.session import Session
+s = Session.up(prompts_per_step=4, group_size=4, threads_per_proc=1, timeout_s=0.5, probe_size=8)
 s.set_reward(judge(timeout_s=120), name="judge", weight=0.0)
 s.step(1)
 (old,) = s.pids["judge"]

@@ -7,6 +7,7 @@ import pytest
 
 import forge_nb
 from forge_nb.fleet.recovery import TrainerLost
+from forge_nb.session import Session
 from tests.conftest import wait_no_children
 
 SMALL = {"prompts_per_step": 4, "group_size": 4, "threads_per_proc": 1}
@@ -23,7 +24,7 @@ def _weights(s) -> tuple:
 
 
 def test_train_save_train_equals_resume_train_bit_for_bit(tmp_path):
-    s = forge_nb.up(task=ROWS, prompt_column="q", answer_column="a", **SMALL)
+    s = Session.up(task=ROWS, prompt_column="q", answer_column="a", **SMALL)
     try:
         s.set_reward(odd, name="bonus", weight=0.5)
         s.step(2)
@@ -33,7 +34,7 @@ def test_train_save_train_equals_resume_train_bit_for_bit(tmp_path):
         a_ids = [e.sample_id for e in s.state.buffer.recent(1000)]
     finally:
         s.down()
-    r = forge_nb.resume(tmp_path / "ck")
+    r = Session.restore(tmp_path / "ck")
     try:
         assert r.step_count == 2 and r.trainer_version == 2 and r.config.task.name == "dataset"
         assert set(r.registry.live("reward").members) == {"reward", "bonus"}
@@ -49,7 +50,7 @@ def test_train_save_train_equals_resume_train_bit_for_bit(tmp_path):
 
 
 def test_a_checkpoint_between_train_and_sync_keeps_the_generator_one_version_behind(tmp_path):
-    s = forge_nb.up(**SMALL)
+    s = Session.up(**SMALL)
     try:
         s.step(1)
         s.train(s.rollout())  # trained, not synced
@@ -58,7 +59,7 @@ def test_a_checkpoint_between_train_and_sync_keeps_the_generator_one_version_beh
     finally:
         s.down()
     assert (tmp_path / "ck" / "generator" / "model.safetensors").is_file()
-    r = forge_nb.resume(tmp_path / "ck")
+    r = Session.restore(tmp_path / "ck")
     try:
         assert (r.trainer_version, r.generator_version) == (2, 1) and _weights(r) == before
         assert r.sync()["version"] == 2
@@ -68,7 +69,7 @@ def test_a_checkpoint_between_train_and_sync_keeps_the_generator_one_version_beh
 
 
 def test_periodic_checkpoints_are_pruned_and_fork_starts_from_one(tmp_path):
-    s = forge_nb.up(checkpoint={"every": 2, "keep": 2, "dir": str(tmp_path)}, **SMALL)
+    s = Session.up(checkpoint={"every": 2, "keep": 2, "dir": str(tmp_path)}, **SMALL)
     forked = None
     try:
         s.step(6)
@@ -86,7 +87,7 @@ def test_periodic_checkpoints_are_pruned_and_fork_starts_from_one(tmp_path):
 
 
 def test_a_dead_trainer_is_restored_from_the_last_checkpoint_when_configured(tmp_path):
-    s = forge_nb.up(checkpoint={"every": 2, "dir": str(tmp_path), "on_trainer_failure": "restore"}, **SMALL)
+    s = Session.up(checkpoint={"every": 2, "dir": str(tmp_path), "on_trainer_failure": "restore"}, **SMALL)
     try:
         s.step(3)
         os.kill(s.pids["trainer"][0], signal.SIGKILL)
@@ -101,7 +102,7 @@ def test_a_dead_trainer_is_restored_from_the_last_checkpoint_when_configured(tmp
 
 
 def test_a_dead_trainer_without_a_checkpoint_stops_with_a_clear_error():
-    s = forge_nb.up(**SMALL)
+    s = Session.up(**SMALL)
     try:
         s.step(1)
         os.kill(s.pids["trainer"][0], signal.SIGKILL)

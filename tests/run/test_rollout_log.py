@@ -6,9 +6,9 @@ import time
 import pandas as pd
 import pytest
 
-import forge_nb
 from forge_nb.rl.episode import Episode
 from forge_nb.run.rollout_log import Batch, RolloutLog
+from forge_nb.session import Session
 from tests.conftest import wait_no_children
 
 
@@ -76,7 +76,7 @@ def test_no_reader_sees_a_half_written_file(tmp_path):
 
 @pytest.mark.slow
 def test_a_background_run_logs_every_trained_sample_once_readable_while_it_runs():
-    s = forge_nb.up(prompts_per_step=4, group_size=4, threads_per_proc=1)
+    s = Session.up(prompts_per_step=4, group_size=4, threads_per_proc=1)
     try:
         s.run(steps=12)
         seen_during = []
@@ -104,7 +104,7 @@ def test_a_background_run_logs_every_trained_sample_once_readable_while_it_runs(
 
 @pytest.mark.slow
 def test_async_batches_dropped_as_stale_are_logged_untrained():
-    s = forge_nb.up(prompts_per_step=4, group_size=4, threads_per_proc=1)
+    s = Session.up(prompts_per_step=4, group_size=4, threads_per_proc=1)
     try:
         run = s.run(steps=8, mode="async", max_staleness=0)
         run.wait(300)

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-import forge_nb
 from forge_nb.run.tracking import Trackers
+from forge_nb.session import Session
 from tests.conftest import wait_no_children
 
 pytestmark = pytest.mark.slow
@@ -19,7 +19,7 @@ SHORT = "def short(prompt, completion, target, **context):\n    return float(len
 @pytest.fixture(scope="module")
 def tracked():
     """A session with all three trackers, 3 steps, a new reward version, 2 more steps; then down."""
-    s = forge_nb.up(
+    s = Session.up(
         prompts_per_step=4,
         group_size=4,
         threads_per_proc=1,

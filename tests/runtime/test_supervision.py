@@ -11,7 +11,7 @@ import time
 import psutil
 import pytest
 
-import forge_nb
+from forge_nb.session import Session
 from tests.conftest import wait_gone, wait_no_children
 
 P, G = 4, 4
@@ -26,7 +26,7 @@ def _wait_until(predicate, timeout: float = 120.0) -> None:
 
 @pytest.mark.parametrize("mode", ["sync", "async"])
 def test_killing_a_generator_and_a_reward_proc_mid_run_loses_and_duplicates_no_sample(mode):
-    s = forge_nb.up(prompts_per_step=P, group_size=G, threads_per_proc=1, loss="aipo")
+    s = Session.up(prompts_per_step=P, group_size=G, threads_per_proc=1, loss="aipo")
     try:
         run = s.run(steps=8, mode=mode)
         _wait_until(lambda: run.done >= 2)
@@ -63,10 +63,10 @@ def test_killing_a_generator_and_a_reward_proc_mid_run_loses_and_duplicates_no_s
 
 SCRIPT = textwrap.dedent("""
     import time
-    import forge_nb
+    from forge_nb.session import Session
 
     if __name__ == "__main__":
-        s = forge_nb.up(prompts_per_step=2, group_size=2, threads_per_proc=1)
+        s = Session.up(prompts_per_step=2, group_size=2, threads_per_proc=1)  # the controller in this process
         print(" ".join(str(p) for ps in s.pids.values() for p in ps), flush=True)
         time.sleep(600)
 """)

@@ -4,9 +4,9 @@ import threading
 
 import pytest
 
-import forge_nb
 from forge_nb.rl.batch import TrainBatch
 from forge_nb.runtime.calls import wait
+from forge_nb.session import Session
 from tests.conftest import wait_no_children
 
 SMALL = {"prompts_per_step": 4, "group_size": 4, "threads_per_proc": 1}
@@ -17,7 +17,7 @@ def up():
     sessions = []
 
     def start(**overrides):
-        sessions.append(forge_nb.up(**SMALL, **overrides))
+        sessions.append(Session.up(**SMALL, **overrides))
         return sessions[-1]
 
     yield start

@@ -12,6 +12,7 @@ import { ISignal, Signal } from '@lumino/signaling';
 
 import {
   Action,
+  IAttachable,
   ISession,
   KernelMessage as ForgeMessage,
   PROBE,
@@ -59,6 +60,11 @@ export class KernelLink implements IDisposable {
     return this._phase === 'open' ? this._session : null;
   }
 
+  /** This notebook's session, running in its server, when this kernel holds none. */
+  get attachable(): IAttachable | null {
+    return this._phase === 'open' && this._session === null ? this._attachable : null;
+  }
+
   /** Actions sent and not answered yet. */
   get pending(): ReadonlySet<Action> {
     return this._pending;
@@ -89,7 +95,7 @@ export class KernelLink implements IDisposable {
     }
   }
 
-  /** Ask the kernel to `sync`, `run`, `pause` or `resume`; a note follows its answer. */
+  /** Ask the kernel to `sync`, `run`, `pause`, `resume` or `attach`; a note follows its answer. */
   act(action: Action): void {
     const comm = this._comm;
     if (!comm || this._pending.has(action)) {
@@ -231,6 +237,7 @@ export class KernelLink implements IDisposable {
     const data = msg.content.data as unknown as ForgeMessage;
     if (data.type === 'state') {
       this._session = data.session ?? null;
+      this._attachable = data.attachable ?? null;
       this._phase = 'open';
       if (data.protocol !== PROTOCOL) {
         this._note = {
@@ -241,7 +248,7 @@ export class KernelLink implements IDisposable {
     } else if (data.type === 'result') {
       this._pending.delete(data.action);
       // Run / Pause / Resume show in the run state line; their note would only repeat it (or go stale).
-      const quiet = data.ok && data.action !== 'sync';
+      const quiet = data.ok && data.action !== 'sync' && data.action !== 'attach';
       this._note = quiet
         ? null
         : { ok: data.ok, text: `${LABELS[data.action] ?? data.action}: ${data.message}` };
@@ -288,6 +295,7 @@ export class KernelLink implements IDisposable {
   private _changed = new Signal<this, void>(this);
   private _phase: Phase = 'connecting';
   private _session: ISession | null = null;
+  private _attachable: IAttachable | null = null;
   private _pending = new Set<Action>();
   private _note: INote | null = null;
   private _kernel: Kernel.IKernelConnection | null = null;
@@ -303,7 +311,8 @@ const LABELS: Record<Action, string> = {
   sync: 'Sync',
   run: 'Run',
   pause: 'Pause',
-  resume: 'Resume'
+  resume: 'Resume',
+  attach: 'Attach'
 };
 
 /** The probe's answer ("ready", "absent", "no-kernel") from an execute reply, or '' if none. */

@@ -9,7 +9,7 @@ import { IDisposable } from '@lumino/disposable';
 import { ISignal, Signal } from '@lumino/signaling';
 
 import { INote, KernelLink, Phase } from './link';
-import { Action, ISession } from './protocol';
+import { Action, IAttachable, ISession } from './protocol';
 
 export class ForgeModel implements IDisposable {
   constructor(private readonly _tracker: INotebookTracker) {
@@ -35,6 +35,11 @@ export class ForgeModel implements IDisposable {
 
   get session(): ISession | null {
     return this._link?.session ?? null;
+  }
+
+  /** This notebook's session in its server, when the kernel holds none (after a restart). */
+  get attachable(): IAttachable | null {
+    return this._link?.attachable ?? null;
   }
 
   get pending(): ReadonlySet<Action> {

@@ -7,16 +7,16 @@
 export const TARGET = 'forge_nb.sidebar';
 
 /** The protocol version this frontend speaks. */
-export const PROTOCOL = 1;
+export const PROTOCOL = 2;
 
 /**
  * The user expression of the probe (a silent execute request): registers the comm target in a
- * kernel that imported forge_nb without `%load_ext` and answers 'ready'; never imports forge_nb.
+ * kernel whose environment has forge_nb (importing its light sidebar module) and answers 'ready'.
  * A copy of `sidebar.PROBE`.
  */
 export const PROBE =
   "__import__('forge_nb.notebook.sidebar', fromlist=['probe']).probe() " +
-  "if 'forge_nb' in __import__('sys').modules else 'absent'";
+  "if __import__('importlib.util', fromlist=['find_spec']).find_spec('forge_nb') else 'absent'";
 
 /** The health of one role's procs. */
 export type Health = 'alive' | 'degraded' | 'dead' | 'remote';
@@ -39,6 +39,10 @@ export interface IRun {
 
 /** One session, as the kernel describes it. */
 export interface ISession {
+  /** The session's name (`forge-nb ps`); it lives in a server of its own. */
+  name: string;
+  /** Clients attached to it now (this kernel among them). */
+  clients: number;
   mesh: string;
   slurm_job: string | null;
   engine: string;
@@ -61,6 +65,15 @@ export interface IStateMessage {
   /** Unix seconds. */
   time: number;
   session: ISession | null;
+  /** With no session in this kernel: this notebook's session, still running in its server. */
+  attachable: IAttachable | null;
+}
+
+/** A session this kernel can attach to (after a kernel restart). */
+export interface IAttachable {
+  name: string;
+  steps: number;
+  run: string | null;
 }
 
 export interface IResultMessage {
@@ -73,4 +86,4 @@ export interface IResultMessage {
 
 export type KernelMessage = IStateMessage | IResultMessage;
 
-export type Action = 'sync' | 'run' | 'pause' | 'resume';
+export type Action = 'sync' | 'run' | 'pause' | 'resume' | 'attach';

@@ -58,7 +58,8 @@ export class ForgeSidebar extends Widget {
       el('pre', 'jp-ForgeSidebar-code', '%load_ext forge_nb\n%forge up')
     );
     const again = button('Check again', 'jp-ForgeSidebar-retry', () => this._model.retry());
-    box.append(this._emptyText, hint, again);
+    box.append(this._emptyText, this._attachBox, hint, again);
+    this._attachBox.append(this._attachText, this._attach, this._attachNote);
     this._hint = hint;
     this._retry = again;
     return box;
@@ -112,11 +113,22 @@ export class ForgeSidebar extends Widget {
     this._bodyBox.hidden = session === null;
     if (session === null) {
       const phase = model.phase;
+      const found = model.attachable;
       this._emptyText.textContent = EMPTY_TEXT[phase];
       this._emptyBox.dataset.phase = phase;
-      const nothing = phase === 'unavailable' || phase === 'open';
+      const nothing = (phase === 'unavailable' || phase === 'open') && found === null;
       this._hint.hidden = !nothing;
       this._retry.hidden = !nothing;
+      this._attachBox.hidden = found === null;
+      if (found !== null) {
+        const run = found.run ? `, run ${found.run}` : '';
+        this._attachText.textContent = `This notebook's session ${found.name} is still running (step ${found.steps}${run}).`;
+        const busy = model.pending.has('attach');
+        setButton(this._attach, busy ? 'Attaching…' : 'Attach', busy);
+        const note = model.note;
+        this._attachNote.textContent = note?.text ?? '';
+        this._attachNote.classList.toggle('jp-mod-error', note !== null && !note.ok);
+      }
       return;
     }
     this._show(session);
@@ -124,7 +136,9 @@ export class ForgeSidebar extends Widget {
 
   private _show(s: ISession): void {
     const where = s.slurm_job ? `Slurm job ${s.slurm_job}` : `${s.mesh} mesh`;
-    this._status.textContent = `Session up · ${where} · ${s.engine} engine`;
+    const others = s.clients > 1 ? ` · ${s.clients} clients` : '';
+    this._status.textContent = `${s.name} · ${where} · ${s.engine} engine${others}`;
+    this._status.title = `session ${s.name}: it runs in a server of its own and outlives this kernel`;
     const { trainer, generator, staleness } = s.policy;
     this._policy.textContent =
       staleness > 0 ? `v${generator} serving · v${trainer} trained` : `v${generator} serving`;
@@ -164,6 +178,10 @@ export class ForgeSidebar extends Widget {
   private _notebook = el('div', 'jp-ForgeSidebar-notebook');
   private _emptyBox = el('div', 'jp-ForgeSidebar-empty');
   private _emptyText = el('div', 'jp-ForgeSidebar-emptyText');
+  private _attachBox = el('div', 'jp-ForgeSidebar-attachBox');
+  private _attachText = el('div', 'jp-ForgeSidebar-attachText');
+  private _attach = button('Attach', 'jp-ForgeSidebar-attach', () => this._model.act('attach'));
+  private _attachNote = el('div', 'jp-ForgeSidebar-note');
   private _hint!: HTMLElement;
   private _retry!: HTMLElement;
   private _bodyBox = el('div', 'jp-ForgeSidebar-body');
@@ -186,7 +204,8 @@ const LABEL: Record<Action, string> = {
   sync: 'Sync',
   run: 'Run',
   pause: 'Pause',
-  resume: 'Resume'
+  resume: 'Resume',
+  attach: 'Attach'
 };
 
 function el<K extends keyof HTMLElementTagNameMap>(

@@ -1,4 +1,4 @@
-/** ForgeStatus: the status-bar item — policy version served and generated tokens/s. */
+/** ForgeStatus: the status-bar item — the session, policy version served and generated tokens/s. */
 import { Widget } from '@lumino/widgets';
 
 import { ForgeModel } from './model';
@@ -25,12 +25,13 @@ export class ForgeStatus extends Widget {
   private _update(): void {
     const s = this._model.session;
     if (s === null) {
-      this.node.textContent = '';
+      const found = this._model.attachable;
+      this.node.textContent = found ? `forge · ${found.name} running · not attached` : '';
       return;
     }
     const { generator, staleness } = s.policy;
     const behind = staleness > 0 ? ` (+${staleness})` : '';
-    this.node.textContent = `forge · policy v${generator}${behind} · ${formatRate(s.tokens_per_s.last)} tok/s`;
+    this.node.textContent = `forge · ${s.name} · policy v${generator}${behind} · ${formatRate(s.tokens_per_s.last)} tok/s`;
     this.node.dataset.generator = `${generator}`;
   }
 }
