@@ -74,6 +74,7 @@ class LocalMesh:
     def spawn(self, role: str, actor_class: type, spec: Any, procs: int = 1, gang: bool = False) -> Any:
         """Start `procs` processes for `role` and one `actor_class(spec=spec)` in each -> the actor mesh.
         `gang`: the procs form one torch.distributed group (`launch.torchrun`) before the actors start."""
+        self._forks_ready()
         proc_mesh = self.host(role).spawn_procs(per_host={"procs": procs}, name=role, **self._bootstrap(role))
         return self._start(role, proc_mesh, actor_class, spec, gang)
 
@@ -84,6 +85,14 @@ class LocalMesh:
             start_gang(proc_mesh, self.master_addr(role))
         actors = self.actors[role] = proc_mesh.spawn(role, actor_class, spec=spec)
         return actors
+
+    def _forks_ready(self) -> None:
+        """Wait for this mesh's fork server to finish its imports (`ForkServer.wait_ready`), outside the 30 s
+        Monarch gives a proc to start; one that does not (it died, or is still importing after
+        `forkserver.READY_TIMEOUT_S`) is stopped, and procs start as fresh interpreters."""
+        if self.forks is not None and not self.forks.wait_ready():
+            forks, self.forks = self.forks, None
+            forks.stop()
 
     def retire(self, *roles: str) -> None:
         """Failures of these roles' actor meshes are no faults from now on: they are being stopped

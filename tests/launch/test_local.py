@@ -36,6 +36,23 @@ def test_a_spawned_proc_has_the_short_spin_and_the_kernel_keeps_its_own(monkeypa
     assert wait_no_children(exclude=before) == []
 
 
+def test_a_mesh_whose_fork_server_ended_before_its_first_spawn_starts_fresh_procs():
+    import psutil
+
+    before = frozenset(p.pid for p in child_processes())
+    mesh = LocalMesh()
+    server = mesh.forks
+    server.proc.kill()
+    server.proc.wait(30)
+    try:
+        probe = mesh.spawn("probe", EnvProbe, None)
+        line = psutil.Process(wait(probe.pid.call_one())).cmdline()
+        assert mesh.forks is None and "forge_nb.launch.forks.server" not in line and not server.folder.exists()
+    finally:
+        assert mesh.stop() == []
+    assert wait_no_children(exclude=before) == []
+
+
 def test_procs_a_replace_killed_are_no_fault_when_monarch_reports_them_later_and_the_new_ones_are():
     """Monarch reports a killed proc ~10 s after the kill, after `replace` returned: that report is of the
     old actor mesh (retired), not of the role's new procs; a kill of a new proc is still a fault."""

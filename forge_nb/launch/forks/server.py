@@ -57,6 +57,9 @@ PRELOAD = (
     "safetensors.torch",
 )
 BOOTSTRAP_MAIN = "monarch._src.actor.bootstrap_main"
+#: How long a mesh waits for a new server's imports before it asks Monarch for procs (`ForkServer.wait_ready`):
+#: as long as a client waits for its fork (`client.FORK_TIMEOUT_S`); ~4 s alone, 20-30 s on 2 loaded cores.
+READY_TIMEOUT_S = 120.0
 _LEN = struct.Struct("!I")
 
 
@@ -71,7 +74,7 @@ class ForkServer:
     """The kernel's handle on a running server: `command_args` for procs' bootstrap, `stop` to end it."""
 
     def __init__(self, env: dict[str, str] | None = None) -> None:
-        """Start the server (returns at once; clients wait in the socket's backlog while it imports).
+        """Start the server (returns at once; it imports meanwhile: `wait_ready`, and clients wait in its backlog).
         `env`: variables on top of this process's that procs get (and the imports see)."""
         self.env = {**os.environ, **(env or {})}
         self.folder = Path(tempfile.mkdtemp(prefix="forge_nb-forks-"))
@@ -82,6 +85,20 @@ class ForkServer:
             env=self.env,
         )
         self.expiry: threading.Timer | None = None  # while it lingers, idle (`release`)
+        self.ready = False  # its imports are done: it forks at once (`wait_ready`)
+
+    def wait_ready(self, timeout: float = READY_TIMEOUT_S) -> bool:
+        """Wait until the server has imported `PRELOAD` and forks at once, `timeout` s at most -> whether it
+        does (False once it has ended). A mesh waits here before it asks Monarch for procs: Monarch gives a proc
+        30 s to start (``mesh_proc_spawn_max_idle``), and a proc asked of a server still importing spends the
+        imports in those 30 s (two sessions starting at once on 2 loaded cores: the imports took 22 and 28 s,
+        and the second session failed to start)."""
+        deadline = time.monotonic() + timeout
+        while not self.ready and self.proc.poll() is None and time.monotonic() < deadline:
+            self.ready = _serving(self.path, deadline - time.monotonic())
+            if not self.ready:
+                time.sleep(0.05)
+        return self.ready and self.proc.poll() is None
 
     def command_args(self) -> list[str]:
         """Arguments (after the Python executable) of the bootstrap command that starts a proc here."""
@@ -269,6 +286,19 @@ def serve(
         retire()
     listener.close()
     return None
+
+
+def _serving(path: str, timeout: float) -> bool:
+    """Whether the server at `path` serves, within `timeout` s: it accepts connections only once its imports are
+    done, and closes one that sends nothing (no request: `_read_request`) -> False while it is not bound yet."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+        conn.settimeout(max(timeout, 0.01))
+        try:
+            conn.connect(path)  # (waits in the backlog while the server imports)
+            conn.shutdown(socket.SHUT_WR)
+            return conn.recv(1) == b""
+        except OSError:  # not bound or not listening yet, or no answer in time
+            return False
 
 
 def _read_request(conn: socket.socket) -> tuple[dict, list[int]] | None:

@@ -50,6 +50,24 @@ def test_a_forked_proc_has_the_clients_environment_directory_and_output_and_its_
     assert seen["torch"] and seen["pid"] != proc.pid  # forked from the server, torch already imported
 
 
+def test_a_server_is_ready_once_its_imports_are_done_and_forks_for_a_client_after_the_probe(server, tmp_path):
+    assert server.wait_ready()
+    assert any("libtorch" in m.path for m in psutil.Process(server.proc.pid).memory_maps())  # imported by now
+    proc = client(server, tmp_path, FORKED="report")
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 3 and json.loads(out)["torch"]
+
+
+def test_a_server_that_ended_is_not_ready():
+    forks = ForkServer()
+    forks.proc.kill()
+    forks.proc.wait(30)
+    try:
+        assert not forks.wait_ready()
+    finally:
+        forks.stop()
+
+
 def test_without_a_server_the_client_runs_the_module_itself(tmp_path):
     proc = client(None, tmp_path, FORKED="report", FOO="plain")
     out, _ = proc.communicate(timeout=60)
