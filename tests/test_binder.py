@@ -5,11 +5,11 @@ then `binder/postBuild`, as repo2docker does; then tutorial 01 executes in that 
 in its parameters cell, as under nbval (tests/notebook/parameters.py).
 
 The build is cached (~/.cache/forge_nb/test-binder/<key>, or $FORGE_NB_TEST_CACHE) under a key that hashes
-everything the build reads: binder/, pyproject.toml (the dependencies of `-e .[models,notebooks]`) and the
-sidebar's sources (extensions/jupyterlab-forge, which postBuild builds). A change to any of them builds afresh,
-as does FORGE_NB_BINDER_REBUILD=1. On a hit the copy's files are replaced by this checkout's (the editable
-install then imports the current forge_nb; build outputs, which a clone lacks, stay) and every check below
-runs again on the cached environment, then the tutorial."""
+everything the build reads: binder/, pyproject.toml (the ranges of `-e .[models,notebooks]`), constraints.txt (the
+lock, whose versions binder/requirements.txt installs) and the sidebar's sources (extensions/jupyterlab-forge, which
+postBuild builds). A change to any of them builds afresh, as does FORGE_NB_BINDER_REBUILD=1. On a hit the copy's
+files are replaced by this checkout's (the editable install then imports the current forge_nb; build outputs, which
+a clone lacks, stay) and every check below runs again on the cached environment, then the tutorial."""
 
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ ROOT = Path(__file__).resolve().parents[1]
 TUTORIAL = "01_quickstart.ipynb"  # in notebooks/, where it runs
 
 
-BUILD_INPUTS = ("binder/", "pyproject.toml", "extensions/jupyterlab-forge/")  # what the build reads
+BUILD_INPUTS = ("binder/", "pyproject.toml", "constraints.txt", "extensions/jupyterlab-forge/")  # what the build reads
 MANIFEST = ".binder-test-files"  # in a cached copy: the files checkout() put there
 
 

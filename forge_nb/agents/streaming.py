@@ -43,6 +43,12 @@ from starlette.responses import StreamingResponse
 DONE = "data: [DONE]\n\n"
 
 
+def _done_name(item) -> dict[str, str]:
+    """The function's name on a `response.function_call_arguments.done` event where the installed openai's
+    type has that field (openai 2.x up to at least 3.0 requires it; 3.54, the lock's, has none)."""
+    return {"name": item.name} if "name" in ResponseFunctionCallArgumentsDoneEvent.model_fields else {}
+
+
 def chat_chunks(completion: ChatCompletion, include_usage: bool = False) -> list[ChatCompletionChunk]:
     """A one-choice chat completion -> its chunks: the role, the content (when there is any), each tool call
     (index, id, name and whole arguments), the finish reason, and a last chunk with no choices and the usage
@@ -112,7 +118,11 @@ def _item_events(item, index: int, number: Iterator[int]) -> list[pydantic.BaseM
                 type="response.function_call_arguments.delta", delta=item.arguments, **where, sequence_number=0
             ),
             ResponseFunctionCallArgumentsDoneEvent(
-                type="response.function_call_arguments.done", arguments=item.arguments, **where, sequence_number=0
+                type="response.function_call_arguments.done",
+                arguments=item.arguments,
+                **where,
+                sequence_number=0,
+                **_done_name(item),
             ),
         ]
     else:  # a message: its output_text parts

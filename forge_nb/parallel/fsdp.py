@@ -77,6 +77,57 @@ def reshard(model: nn.Module) -> None:
             module.reshard()
 
 
+def reset_iteration(model: nn.Module) -> None:
+    """FSDP2's per-iteration state cleared after a forward or backward that raised, so the next step runs:
+    `FSDPModule.reset_iter_state()` on the root, from torch 2.13 on. torch 2.11 and 2.12 (inside forge_nb's
+    range) lack it; there the same steps run on FSDP2's private state, as 2.13's method takes them: every
+    in-flight collective waited on and dropped, every state and parameter group idle and back to its shards."""
+    if hasattr(model, "reset_iter_state"):
+        model.reset_iter_state()
+        return
+    from torch.distributed.fsdp._fully_shard._fsdp_common import TrainingState
+
+    root = model._get_fsdp_state()
+    stream, comm = root._device_handle.current_stream(), root._comm_ctx
+    if (gathered := comm.all_gather_state) is not None and gathered.event is not None:
+        stream.wait_event(gathered.event)
+    comm.all_gather_state = None
+    if hasattr(comm, "reduce_scatter_states"):  # 2.12: a list
+        scattered, comm.reduce_scatter_states = list(comm.reduce_scatter_states), []
+    else:  # 2.11: one
+        scattered, comm.reduce_scatter_state = [comm.reduce_scatter_state], None
+    for pending in scattered:
+        if pending is not None and pending.event is not None:
+            stream.wait_event(pending.event)
+    comm.post_forward_order.clear()
+    for st in root._state_ctx.all_states:
+        st._modules_to_run_forward.clear()
+        st._training_state = TrainingState.IDLE
+        groups = st._fsdp_param_groups if hasattr(st, "_fsdp_param_groups") else [st._fsdp_param_group]  # 2.12 / 2.11
+        for group in filter(None, groups):
+            if (result := group._all_gather_result) is not None:
+                if result.all_gather_event is not None:
+                    stream.wait_event(result.all_gather_event)
+                if isinstance(result.all_gather_work, torch.distributed.distributed_c10d.Work):
+                    result.all_gather_work.wait()
+                group._all_gather_result = None
+            if group._post_reduce_event is not None:
+                stream.wait_event(group._post_reduce_event)
+                group._post_reduce_event = None
+            if group._all_reduce_state is not None and group._all_reduce_state.event is not None:
+                stream.wait_event(group._all_reduce_state.event)
+            group._all_reduce_state = None
+            if group._reshard_after_forward_event is not None:
+                group._wait_all_gather_streams_on_event(group._reshard_after_forward_event)
+                group._reshard_after_forward_event = None
+            group._partial_reduce_output = None
+            group._post_forward_indices.clear()
+            group._training_state = TrainingState.IDLE
+            group._to_sharded()
+    root._state_ctx.iter_forward_root = None
+    root._state_ctx.post_backward_final_callback_queued = False
+
+
 def first_row(tensor: DTensor) -> int:
     """The row of the whole tensor this rank's shard starts at (FSDP2 shards dim 0; 0 for a 0-dim one)."""
     _, offset = compute_local_shape_and_global_offset(tensor.shape, tensor.device_mesh, tensor.placements)

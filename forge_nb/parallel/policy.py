@@ -141,7 +141,7 @@ class Policy:
         ran, and the next step fails resizing its parameters' storage)."""
         self.optimizer.zero_grad(set_to_none=True)
         if self.spec.sharded:
-            self.model.reset_iter_state()
+            fsdp.reset_iteration(self.model)
 
     @torch.no_grad()
     def logprobs(self, prompt_ids: list[list[int]], completion_ids: list[list[int]]) -> list[list[float]]:
