@@ -12,7 +12,8 @@ there again.
 
 The workers dial the kernel back, so the kernel must listen on TCP at an address they reach: the one
 its routing table picks towards the first host. Monarch fixes a process's transport at its first
-call, so a hosts session must be the first Monarch use of its kernel (`HostsError` otherwise).
+call, so a hosts session must be the first Monarch use of its controller's process (`HostsError`
+otherwise): a session's server is a process of its own, so through `forge_nb.up` this always holds.
 """
 
 from __future__ import annotations
@@ -240,7 +241,8 @@ class HostsMesh(PlacedMesh):
             raise HostsError(
                 f"mesh.kind='hosts' needs this kernel to use Monarch over TCP (at {listen}), but Monarch "
                 f"already runs here over another transport ({e}). Restart the kernel and start the hosts "
-                "session before any local one."
+                "session before any local one (forge_nb.up() runs each session in a server process of its own, "
+                "where this cannot happen)."
             ) from None
         self.hosts = attach_to_workers(ca="trust_all_connections", workers=[f"tcp://{h}:{p}" for h, p in parsed])
         try:

@@ -280,7 +280,8 @@ class SlurmMesh(PlacedMesh):
                 raise SlurmError(
                     f"the job's node(s) {', '.join(elsewhere)} cannot reach this kernel: Monarch already runs here "
                     "over Unix sockets (a local session ran in this kernel first), and a process's transport is "
-                    "fixed at its first use. Restart the kernel and start the Slurm session before any local one; "
+                    "fixed at its first use. Restart the kernel and start the Slurm session before any local one "
+                    "(forge_nb.up() runs each session in a server process of its own, where this cannot happen); "
                     f"job {self.job_id} was cancelled"
                 ) from None
 

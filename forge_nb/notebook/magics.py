@@ -122,13 +122,12 @@ class ForgeMagics(Magics):
                 print(f"forge_nb: session {current.name!r} is already up in this kernel; reusing it")
                 return current
             raise ConfigError(
-                f"forge_nb: session {current.name!r} with another config is up; %forge down first, or --new"
+                f"forge_nb: a session with another config is up; run %forge down first ({current.name!r}; "
+                "%forge up --new starts another beside it)"
             )
         import forge_nb
 
-        session = forge_nb.up(config, name=args.name, new=args.new)
-        print(_came_up(session))
-        return None
+        return forge_nb.up(config, name=args.name, new=args.new)  # displayed: what came up (its summary)
 
     def _attach(self, rest: str):
         """%forge attach [NAME]: the running session NAME (default: this notebook's, or the only one running)."""
@@ -257,12 +256,6 @@ def _last_function(cell: str, namespace: dict, kinds: tuple = (ast.FunctionDef, 
         return None
     fn = namespace.get(names[-1]) if names else None
     return fn if callable(fn) else None
-
-
-def _came_up(session) -> str:
-    """What a cell says once `%forge up` returns: what came up, in one look."""
-    rows = session.summary()
-    return "forge_nb: " + "\n          ".join(f"{k}: {v}" for k, v in rows.items())
 
 
 def _session():

@@ -120,7 +120,7 @@ def up(
             return client
     if name is not None:
         valid_name(name)
-    chosen = name or free_name(own or _script_name())
+    chosen = name or free_name(own or ("kernel" if in_kernel() else _script_name()))
     return start(StartRequest(cfg, data, owner=None if persist else _this_process()), chosen, persist, client_class)
 
 
@@ -128,7 +128,7 @@ def resume(path: str | Path, overrides: dict[str, Any] | None = None, name: str 
            persist: bool | None = None, client_class: type = SessionClient) -> SessionClient:  # fmt: skip
     """See `forge_nb.resume`: a new server that goes on from the checkpoint at `path`."""
     persist = in_kernel() if persist is None else persist
-    chosen = name or free_name((notebook_name() or _script_name()) + "-resumed")
+    chosen = name or free_name((notebook_name() or ("kernel" if in_kernel() else _script_name())) + "-resumed")
     owner = None if persist else _this_process()
     request = StartRequest(
         Config(), resume_from=str(Path(path).expanduser().resolve()), overrides=overrides, owner=owner

@@ -67,11 +67,15 @@ def test_sinfo_shows_three_nodes_each_its_own_host(slurm):
 
 
 def test_forge_up_slurm_three_nodes_trainer_gang_over_two_generator_on_the_third(slurm, tmp_path):
-    """In a real kernel, as a researcher would: `%forge up --slurm` with three nodes, steps, `%forge down`."""
+    """In a real kernel, as a researcher would: a local session first (a session's server is its own process:
+    the kernel runs no Monarch of its own), then `%forge up --slurm` with three nodes, steps, the kernel restarted
+    (the job goes on), `%forge attach`, a step, `%forge down`."""
     k = Kernel()
     try:
         k.ok("%load_ext forge_nb")
         k.ok("import json, subprocess; from forge_nb.runtime import lifecycle")
+        k.ok("%forge up prompts_per_step=4 group_size=4 threads_per_proc=1 --name local-first")
+        k.ok("%forge down")
         k.ok(
             f"%forge up --slurm slurm.nodes=3 slurm.partition=multi slurm.exclusive=false slurm.log_dir={tmp_path} "
             "trainer_procs=2 mesh.trainer_hosts=2 prompts_per_step=4 group_size=4 threads_per_proc=1",
@@ -94,6 +98,14 @@ def test_forge_up_slurm_three_nodes_trainer_gang_over_two_generator_on_the_third
         assert sums["generator"] == sums["trainer"] and sums["trainer"][0] == 2
         assert "tcp" in k.json("s.status()['weights_transport']")
         assert slurm.jobs() == [status["slurm_job"]]
+        k.restart()  # the session's server owns the job: it is not cancelled
+        time.sleep(2)
+        assert slurm.jobs() == [status["slurm_job"]]
+        k.ok("%load_ext forge_nb")
+        assert "attached to session" in k.ok("%forge attach")
+        k.ok("from forge_nb.runtime import lifecycle; s = lifecycle.current()")
+        assert k.json("[int(v) for v in s.step(1)['policy_version']]") == [3]
+        assert k.json("s.checksums()")["generator"][0] == 3
         k.ok("%forge down", timeout=120)
         assert slurm.wait_no_jobs() == []  # cancelled (it leaves the queue once its steps have ended)
     finally:

@@ -5,6 +5,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -56,6 +57,7 @@ SCRIPT = textwrap.dedent("""
         print("graded", sorted({e.reward for e in s.rollout().episodes} - {1.0}), flush=True)
         s.set_reward(Graded(0.25))
         print("graded", sorted({e.reward for e in s.rollout().episodes} - {1.0}), flush=True)
+        print("log", s.run_dir / "server.log", flush=True)
         s.down()
 """)
 
@@ -76,7 +78,8 @@ def test_a_script_sets_rewards_from_functions_helpers_objects_and_a_module(tmp_p
     ]  # each version live in the actors from the next batch
     before, after = next(line for line in lines if line.startswith("procs")).split()[1:]
     assert before == after  # setting rewards started no second mesh
-    assert out.stderr.count("?it/s]") == 1  # one progress bar drawn from 0: one mesh started
+    log = Path(next(line for line in lines if line.startswith("log ")).split(" ", 1)[1])
+    assert log.read_text().count("?it/s]") == 1  # one progress bar drawn from 0 in the session's server: one mesh
     graded = [line for line in lines if line.startswith("graded")]
     assert graded[-1] in ("graded []", "graded [0.25]")
 

@@ -22,6 +22,7 @@ SUITE: dict[str, dict[str, object]] = {
     "06_async_and_staleness.ipynb": {"SECONDS": 15},
     "08_agents.ipynb": {"STEPS": 1, "TRIES": 1, "HELDOUT": 10},
     "09_debugging_a_run.ipynb": {"GOOD": 20, "LIMIT": 30, "AFTER": 10, "JUDGED": 1, "LORA_STEPS": 3},
+    "10_a_session_that_outlives_its_kernel.ipynb": {"SECONDS": 3},
 }
 
 

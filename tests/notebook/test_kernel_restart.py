@@ -23,7 +23,7 @@ def test_a_session_outlives_its_kernel_and_the_next_kernel_goes_on_with_it(how, 
     k = Kernel(env={"JPY_SESSION_NAME": str(notebook)})
     try:
         k.ok("%load_ext forge_nb")
-        assert "forge_nb: session: train-" in k.ok(UP)  # the cell says what came up
+        assert "session: train-" in k.ok(UP)  # the cell says what came up
         name = k.json("__import__('forge_nb.runtime.lifecycle', fromlist=['x']).current().name")
         k.ok("s = __import__('forge_nb.runtime.lifecycle', fromlist=['x']).current()")
         k.ok("%forge run")

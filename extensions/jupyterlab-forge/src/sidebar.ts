@@ -137,7 +137,7 @@ export class ForgeSidebar extends Widget {
   private _show(s: ISession): void {
     const where = s.slurm_job ? `Slurm job ${s.slurm_job}` : `${s.mesh} mesh`;
     const others = s.clients > 1 ? ` · ${s.clients} clients` : '';
-    this._status.textContent = `${s.name} · ${where} · ${s.engine} engine${others}`;
+    this._status.textContent = `Session ${s.name} up · ${where} · ${s.engine} engine${others}`;
     this._status.title = `session ${s.name}: it runs in a server of its own and outlives this kernel`;
     const { trainer, generator, staleness } = s.policy;
     this._policy.textContent =
