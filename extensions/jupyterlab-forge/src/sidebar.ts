@@ -137,7 +137,7 @@ export class ForgeSidebar extends Widget {
   private _show(s: ISession): void {
     const where = s.slurm_job ? `Slurm job ${s.slurm_job}` : `${s.mesh} mesh`;
     const others = s.clients > 1 ? ` · ${s.clients} clients` : '';
-    this._status.textContent = `Session ${s.name} up · ${where} · ${s.engine} engine${others}`;
+    this._status.textContent = `Session up · ${s.name} · ${where} · ${s.engine} engine${others}`;
     this._status.title = `session ${s.name}: it runs in a server of its own and outlives this kernel`;
     const { trainer, generator, staleness } = s.policy;
     this._policy.textContent =
@@ -181,7 +181,7 @@ export class ForgeSidebar extends Widget {
   private _attachBox = el('div', 'jp-ForgeSidebar-attachBox');
   private _attachText = el('div', 'jp-ForgeSidebar-attachText');
   private _attach = button('Attach', 'jp-ForgeSidebar-attach', () => this._model.act('attach'));
-  private _attachNote = el('div', 'jp-ForgeSidebar-note');
+  private _attachNote = el('div', 'jp-ForgeSidebar-attachNote');
   private _hint!: HTMLElement;
   private _retry!: HTMLElement;
   private _bodyBox = el('div', 'jp-ForgeSidebar-body');
