@@ -88,7 +88,8 @@ notebooks: $(STAMP) $(LABEXT_BUILT)
 	cd notebooks && ../$(BIN)/python -m forge_nb.tools.execute_notebooks [0-9][0-9]_*.ipynb
 
 # The docs site (mkdocs.yml, docs/) in strict mode: a broken link, a page missing from the nav or an API name that does
-# not resolve fails it (tests/test_docs.py builds it too). docs-serve: http://127.0.0.1:8000, rebuilt on each edit.
+# not resolve fails it (tests/test_docs.py builds it too; never with -q, which drops the warnings strict mode counts).
+# docs-serve: http://127.0.0.1:8000, rebuilt on each edit.
 docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
