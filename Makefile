@@ -6,7 +6,8 @@ STAMP := $(VENV)/.installed
 LABEXT := extensions/jupyterlab-forge
 LABEXT_BUILT := forge_nb/labextension/package.json
 
-.PHONY: demo test lock test-fast test-each lint system-deps bench-overhead bench-deps clean labextension notebooks gpu-check
+.PHONY: demo test lock test-fast test-each lint system-deps bench-overhead bench-deps clean labextension notebooks \
+	gpu-check docs docs-serve
 
 # vLLM's CPU build here and in CI; its GPU build where nvidia-smi finds a GPU (`make VLLM=vllm-gpu` to force;
 # `make VLLM=none` for no vLLM: the torch engine serves every model, e.g. on Python 3.12 / 3.13 where vLLM's CPU
@@ -76,8 +77,8 @@ system-deps:
 
 # The whole suite in two pytest-xdist workers (TEST_WORKERS=0: serially, in file order): each test file is one group
 # on one worker (its module fixtures start once) and everything that starts the local Slurm one group ("slurm":
-# fixed ports); conftest.py assigns both at collection, longest group first (tests/durations.json). Measured on a
-# fresh clone, 2-core machine: 806 passed in 18 min 10 s with two workers (three were slower: CPU-bound).
+# fixed ports); conftest.py assigns both at collection, longest group first (tests/durations.json). Two workers on
+# 2 cores: three are slower, it is CPU-bound (docs/development.md).
 # `make test PYTEST_ARGS=...` passes options on, e.g. PYTEST_ARGS="--random-order-seed=1234" for a random order.
 TEST_WORKERS ?= 2
 PYTEST_ARGS ?=
@@ -90,7 +91,8 @@ test-fast: $(STAMP)
 	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadgroup -m "not (slow or tutorial or slurm or browser or mesh)" \
 		$(PYTEST_ARGS) tests
 
-# forge_nb's GPU code on this machine's GPU, one table (README, "GPU check"); without a GPU it says so and exits 0.
+# forge_nb's GPU code on this machine's GPU, one table (docs/guides/sharded-trainer.md, "GPU check"); without a GPU it
+# says so and exits 0.
 # It needs only PyTorch with CUDA and transformers, so it runs where there is no venv and nothing can be installed
 # (a bare GPU box): this venv's python when there is one, else $(PYTHON). GPU_CHECK_ARGS=--full: the whole stack.
 GPU_CHECK_ARGS ?=
@@ -106,6 +108,15 @@ test-each: system-deps $(LABEXT_BUILT)
 # run's; prints each one's wall-clock time. The suite runs them too (nbval), without writing them back.
 notebooks: $(STAMP) $(LABEXT_BUILT)
 	cd notebooks && ../$(BIN)/python -m forge_nb.tools.execute_notebooks [0-9][0-9]_*.ipynb
+
+# The docs site (mkdocs.yml, docs/) in strict mode: a broken link, a page missing from the nav or an API name that does
+# not resolve fails it (tests/test_docs.py builds it too; never with -q, which drops the warnings strict mode counts).
+# docs-serve: http://127.0.0.1:8000, rebuilt on each edit.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
+docs-serve: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve
 
 bench-overhead: $(STAMP)
 	$(BIN)/python benchmarks/overhead.py

@@ -4,7 +4,7 @@ for vLLM by name, so the suite does not pay vLLM's ~45 s start for every session
 at the end, not into the checkout (run ids carry the pid, so parallel workers share it safely); OpenMP threads
 wait passively (see below). Kernels and procs started by the tests inherit all three.
 
-How the suite is split (README, "The test suite"): every item gets, at collection, the markers below and
+How the suite is split (docs/development.md): every item gets, at collection, the markers below and
 an xdist group, so a new test file needs no opt-in.
 
 - group: its own file (a module's fixtures, e.g. its one mesh, start once, on one worker; a notebook's

@@ -45,10 +45,10 @@ SUBCOMMANDS = (
 class ForgeMagics(Magics):
     @line_cell_magic
     def forge(self, line: str, cell: str | None = None):
-        """%forge up [--slurm|--hosts H1,..] [--name N] [--new]|attach [NAME]|detach|ps|status|step N|run [N]|pause|
-        resume|stop|sync|samples N [--step S]|
-        [--prompt ID]|dashboard|explore|watch NAME=THRESHOLD ...|save PATH|versions|eval|export PATH|endpoint|down
-        %%forge reward [--name NAME] [--weight W] | %%forge loss | %%forge rollout [--tools a,b] | %%forge env
+        """``%forge up [--slurm|--hosts H1,..] [--name N] [--new]|attach [NAME]|detach|ps|status|step N|run [N]|``
+        ``pause|resume|stop|sync|samples N [--step S] [--prompt ID]|dashboard|explore|watch NAME=THRESHOLD ...|``
+        ``save PATH|versions|eval|export PATH|endpoint|down``
+        ``%%forge reward [--name NAME] [--weight W] | %%forge loss | %%forge rollout [--tools a,b] | %%forge env``
         (the cell defines the function -- or the environment class; it is
         validated and made live; --name adds or replaces one of several weighted rewards)"""
         command, _, rest = line.strip().partition(" ")
