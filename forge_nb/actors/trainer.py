@@ -61,6 +61,10 @@ class TrainerSpec(ModelSpec):
     lora: LoraConfig | None = None
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     procs: int = 1  # the gang's size (mesh.trainer_procs): every proc gets this same spec
+    # Where each rank serves its weights streams (its host's address on the mesh's network, by rank) and the
+    # session's secret its readers prove (`weights.stream`); set by the fleet, never in a config or a checkpoint.
+    stream_hosts: tuple[str, ...] = ()
+    stream_secret: bytes = field(default=b"", repr=False)
 
     @classmethod
     def from_config(cls, config: Config, pad_id: int, loss: LiveCode) -> TrainerSpec:
@@ -152,6 +156,8 @@ class Trainer(ForgeActor):
             ranks=ranks,
             device=self.policy.device if on_gpu else None,
             host=spec.transport != "cuda_ipc",
+            stream_secret=spec.stream_secret,
+            stream_host=spec.stream_hosts[rank] if rank < len(spec.stream_hosts) else "127.0.0.1",
         )
         self._group_spec: GroupSpec | None = None  # weights.transport "group": this rank's broadcast group
         self._group: GroupSender | None = None

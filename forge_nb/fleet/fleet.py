@@ -12,6 +12,7 @@ again), `weight_sync` (attach and refresh; the only writer of the policy version
 from __future__ import annotations
 
 import dataclasses
+import secrets
 import socket
 import time
 from collections.abc import Callable
@@ -123,7 +124,15 @@ class Fleet:
         served_on = self.placement.device("generator", config.model.device)
         self._generator_spec = dataclasses.replace(GeneratorSpec.from_config(config, engine), device=served_on)
         device = self.placement.device("trainer", config.model.device)
-        self._trainer_spec = dataclasses.replace(TrainerSpec.from_config(config, pad_id, loss), device=device)
+        # The weights streams' secret (`weights.stream`): made here, handed to the trainer in its spec and to the
+        # generators in the manifest (`weight_sync`); each rank serves at its host's address on the mesh's network.
+        self.stream_secret = secrets.token_bytes(32)
+        self._trainer_spec = dataclasses.replace(
+            TrainerSpec.from_config(config, pad_id, loss),
+            device=device,
+            stream_hosts=mesh.addresses_of("trainer", m.trainer_procs),
+            stream_secret=self.stream_secret,
+        )
         self.gang = config.trainer.sharded(m.trainer_procs)
         # a rank whose peers answered a call and that does not answer this much later is hung (`GangFuture`)
         self.straggler_s = config.trainer.collective_timeout_s if self.gang else None

@@ -120,6 +120,10 @@ class PlacedMesh(LocalMesh):
         """Where `role`'s gang meets: the address of its first proc's host (which the other hosts reach)."""
         return self.addresses[self.placement.host_indices(role)[0]]
 
+    def addresses_of(self, role: str, procs: int) -> tuple[str, ...]:
+        """The address of the host of each of `role`'s `procs` procs (the one its worker is dialled at)."""
+        return tuple(self.addresses[h] for h in self.host_indices(role, procs))
+
     def placed(self) -> dict[str, list[str]]:
         """Each running role -> the host of each of its procs, for `Session.status`."""
         return {role: [self.names[i] for i in where] for role, where in self._placed.items()}
