@@ -440,7 +440,7 @@ def _start_mesh(config: Config, placement: Placement) -> LocalMesh:
     if config.mesh.kind == "hosts":
         from forge_nb.launch.hosts import HostsMesh
 
-        return HostsMesh(config.mesh.hosts, placement)
+        return HostsMesh(config.mesh.hosts, placement, config.mesh.credentials)
     if config.mesh.kind == "local":
         return LocalMesh(placement)
     mesh = SlurmMesh(config.slurm, placement, slurm_nodes(config))

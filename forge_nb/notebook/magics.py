@@ -107,7 +107,8 @@ class ForgeMagics(Magics):
     @argument("overrides", nargs="*", help="config fields, e.g. lr=1e-4 group_size=4")
     @argument("--config", default=None, help="YAML config file")
     @argument("--slurm", action="store_true", help="run the actors in a Slurm job (options: slurm.partition=...)")
-    @argument("--hosts", default=None, help="comma-separated tcp://HOST:PORT of running forge_nb workers")
+    @argument("--hosts", default=None, help="comma-separated tls://HOST:PORT of running forge_nb workers")
+    @argument("--credentials", default=None, help="the workers' credentials folder (mesh.credentials)")
     @argument("--name", default=None, help="the session's name (default: the notebook's)")
     @argument("--new", action="store_true", help="start a new session even if this notebook's is running")
     def _up(self, rest: str):
@@ -115,6 +116,8 @@ class ForgeMagics(Magics):
         overrides = parse_overrides(args.overrides) | ({"mesh.kind": "slurm"} if args.slurm else {})
         if args.hosts:
             overrides |= {"mesh.kind": "hosts", "mesh.hosts": [h.strip() for h in args.hosts.split(",") if h.strip()]}
+        if args.credentials:
+            overrides |= {"mesh.credentials": args.credentials}
         config = (Config.from_yaml(args.config) if args.config else Config()).updated(overrides)
         current = lifecycle.current()
         if current is not None and not args.new and args.name in (None, current.name):
