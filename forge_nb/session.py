@@ -14,6 +14,7 @@ flows one way: session -> step -> fleet -> actors -> engines and algorithms; not
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
@@ -42,7 +43,8 @@ from forge_nb.rl.episode import Episode
 from forge_nb.rl.rollout import Rollout
 from forge_nb.run import checkpoint_files
 from forge_nb.run.checkpoints import Checkpoints
-from forge_nb.runtime import lifecycle
+from forge_nb.runtime import lifecycle, refusals
+from forge_nb.runtime.refusals import Refusals
 from forge_nb.state import RunState, SessionError, new_run_dir
 from forge_nb.status import session_status
 from forge_nb.step import StepRow
@@ -72,6 +74,11 @@ class Session:
         self.generation_lock = threading.RLock()
         self.training_lock = threading.RLock()
         self.runs = RunSlot()
+        # Connections the session's listeners refused, as "security" events (at most one a second).
+        self._refused = Refusals(report=lambda what: self._event("security", what))
+        self._refused_seen: dict[str, int] = {}
+        self._refused_polled = 0.0
+        self._refused_lock = threading.Lock()
 
     # -- start and stop ------------------------------------------------------------------------------
     @classmethod
@@ -123,6 +130,7 @@ class Session:
             self.live_code.connect(fleet, self.generation_lock, self.training_lock, state, self.probe_samples)
             self.agents.connect(fleet.envs, self.generation_lock, lambda a: evaluation.probe_agents(fleet, state, a))
             self.agents.restore()
+            self.note_refusals(procs=True, report=False)  # what a host's worker refused before this session started
             heap.hold(self)  # the start-up heap out of full collections while this session is up
         except Exception as e:
             self.down()
@@ -133,6 +141,22 @@ class Session:
     def _event(self, role: str, what: str) -> None:
         """Something happened to the mesh (a proc replaced, ...): on the metrics stream, in `status()`."""
         self.state.metrics.emit("event", step=self.state.step_count, role=role, what=what)
+
+    def note_refusals(self, procs: bool = False, report: bool = True) -> None:
+        """Connections refused since the last look, said in one "security" event at most once a second: those of
+        this process's listeners (the session's socket, its agents' endpoint, its Monarch port) and, with `procs`,
+        those of its procs (a trainer's weights streams, env procs' endpoints) and of their hosts' workers
+        (`runtime.refusals`). `report` False: only take note (what came before this session)."""
+        totals = refusals.REFUSED.totals()
+        fleet = self.fleet
+        if procs and fleet is not None:
+            for key, count in fleet.refusals().items():
+                totals[key] = max(totals.get(key, 0), count)
+        with self._refused_lock:
+            if report:
+                self._refused.add(totals, self._refused_seen)
+            else:
+                self._refused_seen.update({k: max(v, self._refused_seen.get(k, 0)) for k, v in totals.items()})
 
     @property
     def is_up(self) -> bool:
@@ -233,6 +257,9 @@ class Session:
     def after_step(self, row: StepRow, rollout: Rollout, train: dict[str, Any]) -> None:
         """At the step boundary: evaluation and a checkpoint when due; the trackers hear of new live-code
         versions; the watch checks its conditions and, when one fires, pauses the run."""
+        if time.monotonic() - self._refused_polled >= refusals.POLL_S:
+            self._refused_polled = time.monotonic()
+            self.note_refusals(procs=True)
         if self.state.eval_due():
             self.evaluate()
         if self.checkpoints.due(self.state.step_count):

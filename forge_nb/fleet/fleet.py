@@ -186,6 +186,23 @@ class Fleet:
         last_words.heard(pid for role in self.info for pid in self.local_pids(role))  # words nobody will report
         return errors
 
+    def refusals(self, timeout_s: float = 5.0) -> dict[str, int]:
+        """What the listeners of every proc (trainer ranks' weights streams, env procs' endpoints) and of their
+        hosts' workers refused so far, ``"LISTENER: WHY"`` -> count. A role that does not answer in `timeout_s`
+        (busy, or gone: recovery deals with that at its next call) is left out this time."""
+        roles = [self.trainer, self.generator, self.rewards] + ([self.envs.actors] if self.envs.running else [])
+        calls = [actors.refusals.call() for actors in roles]
+        found: dict[str, int] = {}
+        for call in calls:
+            try:
+                answers = wait(call, timeout_s).values()
+            except Exception:
+                continue
+            for totals in answers:
+                for key, count in totals.items():
+                    found[key] = max(found.get(key, 0), count)
+        return found
+
     # -- who runs where --------------------------------------------------------------------------------
     @property
     def has_reference(self) -> bool:
