@@ -1,4 +1,5 @@
-"""Session: the kernel-held controller of one RL post-training run on a Monarch mesh.
+"""Session: the controller of one RL post-training run on a Monarch mesh (what a session's server holds, or a script
+in its own process).
 
     s = Session.up()            # generator, trainer and reward actors in their own procs
     r = s.rollout()             # generate P x G samples, score them, group-relative advantages

@@ -243,3 +243,17 @@ def test_a_scripts_session_ends_when_its_script_is_killed(tmp_path):
         owner.kill()
     assert "owned" not in forge_nb.ps().index
     assert psutil.pid_exists(server) is False or psutil.Process(server).status() == psutil.STATUS_ZOMBIE
+
+
+def test_the_agents_endpoint_is_served_by_the_sessions_server_and_asks_for_its_token(shared):
+    import requests
+
+    endpoint = shared.endpoint()
+    assert requests.get(f"{endpoint.url}/models", timeout=10).status_code == 401
+    headers = {"Authorization": f"Bearer {endpoint.api_key}"}
+    assert requests.get(f"{endpoint.url}/models", headers=headers, timeout=10).status_code == 200
+    with shared.trajectory({"prompt": "1+1="}) as t:  # opened in the server, for an agent elsewhere
+        auth = {"Authorization": f"Bearer {t.api_key}"}
+        assert requests.get(f"{t.base_url}/models", headers=auth, timeout=10).status_code == 200
+        t.reward(1.0)
+    assert requests.get(f"{t.base_url}/models", headers=auth, timeout=10).status_code == 404  # closed
