@@ -46,7 +46,6 @@ class SessionClient:
         self._id = uuid.uuid4().hex
         self._idle: list[Connection] = []
         self._pool_lock = threading.Lock()
-        self._busy_said = False
         self._closed = False
         self.metrics_stream = RemoteMetrics(self)
         self._facts: dict[str, Any] = {}
@@ -94,7 +93,10 @@ class SessionClient:
             conn.close()
             raise self._gone() from e
         with self._pool_lock:
-            self._idle.append(conn)
+            if self._closed:  # detached meanwhile: a connection kept would count as a client attached
+                conn.close()
+            else:
+                self._idle.append(conn)
         return reply
 
     def wait_up(self, timeout: float | None = None) -> dict[str, Any]:
@@ -449,33 +451,39 @@ class RemoteMetrics(MetricsStream):
     def _follow(self) -> None:
         while not self._stopped.is_set():
             try:
-                with self._lock:
-                    first = len(self._rows)
-                new = self._client._call("rows_since", first, 1.0)
+                self._fetch(wait_s=1.0)
             except Exception:
                 if self._stopped.wait(1.0):
                     return
                 continue
-            for row in new:
-                self._append(row)
             self._caught_up.set()
 
-    def _append(self, row: dict[str, Any]) -> None:
+    def _fetch(self, wait_s: float) -> None:
+        """The server's rows this mirror lacks (waiting up to `wait_s` for one), appended in order; the follower and
+        a reader may both fetch: the stream is append-only, so a row already here is skipped by its index."""
         with self._lock:
-            self._rows.append(row)
+            first = len(self._rows)
+        new = self._client._call("rows_since", first, wait_s)
+        with self._lock:
+            fresh = new[len(self._rows) - first :]
+            self._rows.extend(fresh)
             subscribers = list(self._subscribers)
-        for notify in subscribers:
-            try:
-                notify(row)
-            except Exception:
-                pass  # a view that fails to draw a row does not stop the stream
+        for row in fresh:
+            for notify in subscribers:
+                try:
+                    notify(row)
+                except Exception:
+                    pass  # a view that fails to draw a row does not stop the stream
 
     def subscribe(self, notify):
         self._ensure()
         return super().subscribe(notify)
 
     def rows(self, kind: str | None = None) -> list[dict[str, Any]]:
+        """Every row so far, the server's newest included (read now, not when the follower next wakes)."""
         self._ensure()
+        if not self._stopped.is_set():
+            self._fetch(wait_s=0.0)
         return super().rows(kind)
 
     def emit(self, kind: str, **values: Any) -> dict[str, Any]:

@@ -79,7 +79,10 @@ class SessionServer:
             self._close(failed=True)
             return 1
         while not self.ending.wait(HEARTBEAT_S):
-            self._heartbeat()
+            try:
+                self._heartbeat()
+            except Exception:  # a status that could not be read this time: the next beat tries again
+                traceback.print_exc()
             if self._idle_for() > self.idle_timeout_s > 0:
                 print(f"forge_nb server: no client and nothing running for {self.idle_timeout_s:g} s; ending")
                 break

@@ -243,9 +243,9 @@ class SessionService:
         seconds (a client's mirror of the stream long-polls this)."""
         stream = self.session.metrics_stream
         with self._rows:
-            if len(stream.rows()) <= first:
+            if len(stream) <= first:
                 self._rows.wait(timeout)
-        return stream.rows()[first:]
+        return stream.since(first)
 
     def _on_row(self, row: dict[str, Any]) -> None:
         with self._rows:
