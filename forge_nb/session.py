@@ -286,6 +286,11 @@ class Session:
         """`n` fresh samples of held-out prompts for validating live code before the first rollout."""
         return evaluation.probe_samples(self._require_up(), self.state, n)
 
+    def prompt(self, i: int = 0) -> str:
+        """Held-out problem `i`'s prompt as the model sees it: the task's prompt format and, for a chat model, the
+        tokenizer's chat template (system prompt included)."""
+        return self.state.prompts.render(self.state.task.eval_set()[i])[0]
+
     def generate(
         self, prompt: str | list[dict], n: int = 1, temperature: float | None = None, max_tokens: int | None = None
     ) -> list[str]:

@@ -210,6 +210,10 @@ class SessionClient:
     def evaluate(self, max_tokens: int | None = None, greedy: bool | None = None) -> dict[str, float]:
         return self._call("evaluate", max_tokens, greedy)
 
+    def prompt(self, i: int = 0) -> str:
+        """Held-out problem `i`'s prompt as the model sees it (see `Session.prompt`)."""
+        return self._call("prompt", i)
+
     def generate(
         self, prompt: str | list[dict], n: int = 1, temperature: float | None = None, max_tokens: int | None = None
     ) -> list[str]:

@@ -257,6 +257,9 @@ class SessionService:
     def remote_evaluate(self, who: str, max_tokens: int | None = None, greedy: bool | None = None) -> dict:
         return self.session.evaluate(max_tokens, greedy)
 
+    def remote_prompt(self, who: str, i: int = 0) -> str:
+        return self.session.prompt(i)
+
     def remote_generate(self, who: str, prompt: Any, n: int = 1, temperature=None, max_tokens=None) -> list[str]:
         return self.session.generate(prompt, n, temperature, max_tokens)
 
