@@ -10,6 +10,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import textwrap
 import threading
 import time
@@ -175,7 +176,9 @@ def test_a_session_no_one_holds_ends_itself_after_its_idle_timeout(tmp_path):
     assert wait_gone(pids, 30) == []
 
 
-def test_ps_lists_this_users_sessions_and_down_all_ends_them(tmp_path):
+def test_ps_lists_this_users_sessions_and_down_all_ends_them(tmp_path, monkeypatch):
+    # A folder of sessions of its own: --all would end the module's shared session (its scripts inherit it).
+    monkeypatch.setenv("FORGE_NB_RUNTIME_DIR", tempfile.mkdtemp(prefix="sessions-"))
     for name in ("left-1", "left-2"):
         out = _script(
             tmp_path,
