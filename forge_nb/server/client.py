@@ -25,7 +25,7 @@ from typing import Any
 
 import pandas as pd
 
-from forge_nb.errors import SessionError
+from forge_nb.errors import SessionDown, SessionError
 from forge_nb.metrics import MetricsStream
 from forge_nb.runtime import lifecycle
 from forge_nb.server.protocol import Hello, RolloutView, RunView
@@ -128,7 +128,7 @@ class SessionClient:
             return False
         try:
             return bool(self._fact("is_up"))
-        except SessionGone:
+        except (SessionGone, SessionDown):  # its server ended, or is taking the session down
             return False
 
     @property

@@ -243,3 +243,22 @@ def test_a_scripts_session_ends_when_its_script_is_killed(tmp_path):
         owner.kill()
     assert "owned" not in forge_nb.ps().index
     assert psutil.pid_exists(server) is False or psutil.Process(server).status() == psutil.STATUS_ZOMBIE
+
+
+def test_while_its_session_goes_down_the_server_says_so_and_is_up_reads_false():
+    """`down` takes seconds, and the server answers calls meanwhile: with SessionDown, which a client's `is_up`
+    reads as False (a dashboard's ticker asked `is_up` in that window and printed a traceback into the notebook)."""
+    from forge_nb.errors import SessionDown
+    from forge_nb.server.server import SessionServer
+
+    server = SessionServer.__new__(SessionServer)  # between `_client_down`'s two halves: no service
+    server._lock, server.calls_in_flight, server.service = threading.Lock(), 0, None
+    kind, failure = server._answer(Hello.here("test"), "facts", (), {}, False)
+    assert kind == "error" and isinstance(failure.exception(), SessionDown)
+
+    def answer(method, *args, **kwargs):
+        raise failure.exception()
+
+    client = SessionClient.__new__(SessionClient)
+    client._closed, client._call = False, answer
+    assert client.is_up is False
