@@ -184,7 +184,12 @@ class Dashboard:
         self.redraw()
 
     def close(self) -> None:
-        self._closed.set()
+        """Stop drawing (safe twice: the ticker closes a dashboard whose session went down, and `detach` closes the
+        session's views again)."""
+        with self._lock:
+            if self._closed.is_set():
+                return
+            self._closed.set()
         self._unsubscribe()
 
 
