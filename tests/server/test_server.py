@@ -118,6 +118,7 @@ def test_errors_reach_the_client_as_themselves_with_the_servers_traceback(shared
 def test_a_rollout_stays_in_the_server_and_trains_from_its_handle(shared):
     r = shared.rollout()
     assert len(r) == 16 and r.to_pandas().shape[0] == 16 and len(r.episodes[0].completion_ids) > 0
+    assert set(r.agent_stats) == {"turns", "tool_calls", "tool_errors"}  # NaN each: no agent ran (tutorial 08 reads it)
     assert shared.train(r)["policy_version"] == shared.trainer_version
 
 
@@ -262,3 +263,16 @@ def test_while_its_session_goes_down_the_server_says_so_and_is_up_reads_false():
     client = SessionClient.__new__(SessionClient)
     client._closed, client._call = False, answer
     assert client.is_up is False
+
+
+def test_a_fork_is_held_by_a_client_of_the_forking_clients_class(monkeypatch):
+    """A notebook's `s.fork(step)` is a notebook session too: `dashboard()` on it (tutorial 09) was missing."""
+    import forge_nb.server.start as start
+    from forge_nb.notebook.session import NotebookSession
+
+    seen = {}
+    monkeypatch.setattr(start, "resume", lambda path, client_class: seen.update(path=path, cls=client_class))
+    client = NotebookSession.__new__(NotebookSession)
+    client._closed, client._call = False, lambda method, step: f"/checkpoints/{method}-{step}"
+    client.fork(60)
+    assert seen == {"path": "/checkpoints/checkpoint_before-60", "cls": NotebookSession}
