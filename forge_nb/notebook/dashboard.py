@@ -90,13 +90,15 @@ class Dashboard:
 
     def _ticker(self) -> None:
         while not self._closed.wait(self._period):
-            if not self.session.is_up:
+            if not self.session.is_up:  # down: the last rows, "session down", and no more calls to it
                 self.close()
+                self.redraw(up=False)
+                return
             self.redraw()
 
-    def redraw(self) -> None:
+    def redraw(self, up: bool = True) -> None:
         """Draw queued rows (one batch update; the whole figure again when a panel or series appears) and
-        refresh the version line."""
+        refresh the version line (`up` False: the session is down, nothing is asked of it)."""
         with self._lock:
             rows, self._pending = self._pending, []
         for row in rows:
@@ -106,8 +108,8 @@ class Dashboard:
             self._rebuild(panels)
         elif rows:
             self._draw(rows)
-        self.versions.value = self._versions_html()
-        self.run_button.description = "Pause" if self._run_state() == "running" else "Run"
+        self.versions.value = self._versions_html() if up else "<b>session down</b>"
+        self.run_button.description = "Pause" if up and self._run_state() == "running" else "Run"
 
     def _rebuild(self, panels: list[Panel]) -> None:
         """Lay the figure out again for `panels` and draw every row so far into it (same widget: the
@@ -182,7 +184,12 @@ class Dashboard:
         self.redraw()
 
     def close(self) -> None:
-        self._closed.set()
+        """Stop drawing (safe twice: the ticker closes a dashboard whose session went down, and `detach` closes the
+        session's views again)."""
+        with self._lock:
+            if self._closed.is_set():
+                return
+            self._closed.set()
         self._unsubscribe()
 
 

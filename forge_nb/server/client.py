@@ -25,7 +25,7 @@ from typing import Any
 
 import pandas as pd
 
-from forge_nb.errors import SessionError
+from forge_nb.errors import SessionDown, SessionError
 from forge_nb.metrics import MetricsStream
 from forge_nb.runtime import lifecycle
 from forge_nb.server.protocol import Hello, RolloutView, RunView
@@ -130,7 +130,7 @@ class SessionClient:
             return False
         try:
             return bool(self._fact("is_up"))
-        except SessionGone:
+        except (SessionGone, SessionDown):  # its server ended, or is taking the session down
             return False
 
     @property
@@ -299,10 +299,11 @@ class SessionClient:
         return self._call("export", str(Path(path).expanduser().resolve()), steps)
 
     def fork(self, step: int):
-        """A new session (its own server) from the newest checkpoint at or before `step`."""
+        """A new session (its own server) from the newest checkpoint at or before `step`, held by a client of this
+        one's class (a notebook's fork has `dashboard()` too)."""
         from forge_nb.server.start import resume
 
-        return resume(self._call("checkpoint_before", step))
+        return resume(self._call("checkpoint_before", step), client_class=type(self))
 
     # -- agents outside the mesh ----------------------------------------------------------------------------------
     def endpoint(self, host: str = "127.0.0.1"):
@@ -380,6 +381,11 @@ class ClientRollout:
 
     def summary(self) -> dict[str, Any]:
         return dict(self.view.summary)
+
+    @property
+    def agent_stats(self) -> dict[str, float]:
+        """As `Rollout.agent_stats`: mean model calls per trajectory, tool calls and errors in all (NaN: no agent)."""
+        return {k: self.view.summary[k] for k in ("turns", "tool_calls", "tool_errors")}
 
     @property
     def episodes(self) -> list:

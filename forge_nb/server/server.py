@@ -32,6 +32,7 @@ from typing import Any
 
 import psutil
 
+from forge_nb.errors import SessionDown
 from forge_nb.server.protocol import REQUEST, Failure, Hello, StartRequest
 from forge_nb.server.registry import SessionDir, SessionInfo
 from forge_nb.server.service import Busy
@@ -251,8 +252,8 @@ class SessionServer:
                 return ("ok", self._wait_up(args[0] if args else None))
             if method == "down":
                 return ("ok", self._client_down(hello))
-            if self.service is None:
-                raise RuntimeError("forge_nb: the session is not up")
+            if self.service is None:  # going down (`_client_down`): the server answers until it ends
+                raise SessionDown("forge_nb: the session is not up")
             if not (isinstance(method, str) and isinstance(args, tuple) and isinstance(kwargs, dict)):
                 raise TypeError("forge_nb: a call is (method name, args tuple, kwargs dict)")
             value = self.service.call(hello.who, method, args, kwargs, bool(wait))
