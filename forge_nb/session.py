@@ -419,9 +419,10 @@ class Session:
     def unwatch(self) -> None:
         self.watcher = None
 
-    def checksums(self) -> dict[str, tuple[int, str]]:
-        """(version, weights checksum) of trainer and generator: equal after a torch engine's sync (vLLM: its own)."""
-        return self._require_up().checksums()
+    def checksums(self, *roles: str) -> dict[str, tuple[int, str]]:
+        """(version, weights checksum) of trainer and generator: equal after a torch engine's sync (vLLM: its own).
+        `roles` ("trainer", "generator", "generator_replicas") reads only those."""
+        return self._require_up().checksums(*roles)
 
     # -- checkpoints and export ----------------------------------------------------------------------------
     def save(self, path: str | Path) -> Path:

@@ -285,8 +285,8 @@ class SessionClient:
     def unwatch(self) -> None:
         self._call("unwatch")
 
-    def checksums(self) -> dict[str, Any]:
-        return self._call("checksums")
+    def checksums(self, *roles: str) -> dict[str, Any]:
+        return self._call("checksums", *roles)
 
     # -- checkpoints and export ---------------------------------------------------------------------------------
     def save(self, path: str | Path) -> Path:

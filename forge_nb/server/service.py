@@ -251,8 +251,8 @@ class SessionService:
         with self._rows:
             self._rows.notify_all()
 
-    def remote_checksums(self, who: str) -> dict[str, Any]:
-        return self.session.checksums()
+    def remote_checksums(self, who: str, *roles: str) -> dict[str, Any]:
+        return self.session.checksums(*roles)
 
     def remote_evaluate(self, who: str, max_tokens: int | None = None, greedy: bool | None = None) -> dict:
         return self.session.evaluate(max_tokens, greedy)
