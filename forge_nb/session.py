@@ -1,4 +1,5 @@
-"""Session: the kernel-held controller of one RL post-training run on a Monarch mesh.
+"""Session: the controller of one RL post-training run on a Monarch mesh (what a session's server holds, or a script
+in its own process).
 
     s = Session.up()            # generator, trainer and reward actors in their own procs
     r = s.rollout()             # generate P x G samples, score them, group-relative advantages
@@ -312,6 +313,11 @@ class Session:
         """`n` fresh samples of held-out prompts for validating live code before the first rollout."""
         return evaluation.probe_samples(self._require_up(), self.state, n)
 
+    def prompt(self, i: int = 0) -> str:
+        """Held-out problem `i`'s prompt as the model sees it: the task's prompt format and, for a chat model, the
+        tokenizer's chat template (system prompt included)."""
+        return self.state.prompts.render(self.state.task.eval_set()[i])[0]
+
     def generate(
         self, prompt: str | list[dict], n: int = 1, temperature: float | None = None, max_tokens: int | None = None
     ) -> list[str]:
@@ -440,9 +446,10 @@ class Session:
     def unwatch(self) -> None:
         self.watcher = None
 
-    def checksums(self) -> dict[str, tuple[int, str]]:
-        """(version, weights checksum) of trainer and generator: equal after a torch engine's sync (vLLM: its own)."""
-        return self._require_up().checksums()
+    def checksums(self, *roles: str) -> dict[str, tuple[int, str]]:
+        """(version, weights checksum) of trainer and generator: equal after a torch engine's sync (vLLM: its own).
+        `roles` ("trainer", "generator", "generator_replicas") reads only those."""
+        return self._require_up().checksums(*roles)
 
     # -- checkpoints and export ----------------------------------------------------------------------------
     def save(self, path: str | Path) -> Path:

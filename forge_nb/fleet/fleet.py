@@ -363,14 +363,19 @@ class Fleet:
     def unlink_shared_memory(self) -> None:
         on_gang(self.trainer, "unlink_shared_memory")
 
-    def checksums(self) -> dict[str, Any]:
-        """(version, weights checksum) of the trainer, generator replica 0 and every replica: a debugging aid
-        (each gathers every whole tensor of its weights)."""
-        return {
-            "trainer": on_gang(self.trainer, "checksum"),
-            "generator": wait(self.generator.slice(procs=0).checksum.call_one()),
-            "generator_replicas": list(wait(self.generator.checksum.call()).values()),
+    def checksums(self, *roles: str) -> dict[str, Any]:
+        """(version, weights checksum) of the trainer, generator replica 0 and every replica (`roles`: only those of
+        "trainer", "generator", "generator_replicas"): a debugging aid (each gathers every whole tensor of its
+        weights). Naming roles reads nothing of the others (a generator's weights while the trainer's host is away)."""
+        reads = {
+            "trainer": lambda: on_gang(self.trainer, "checksum"),
+            "generator": lambda: wait(self.generator.slice(procs=0).checksum.call_one()),
+            "generator_replicas": lambda: list(wait(self.generator.checksum.call()).values()),
         }
+        unknown = set(roles) - set(reads)
+        if unknown:
+            raise ValueError(f"checksums: no role {sorted(unknown)}; one of {list(reads)}")
+        return {role: read() for role, read in reads.items() if not roles or role in roles}
 
     # -- roles started afresh (`recovery` decides when) ----------------------------------------------------
     def replace(self, role: str, cause: str) -> None:

@@ -34,6 +34,7 @@ from typing import Any
 
 import psutil
 
+from forge_nb.errors import SessionDown
 from forge_nb.runtime.refusals import REFUSED, raise_open_files_limit
 from forge_nb.server.protocol import REQUEST, Failure, Hello, StartRequest
 from forge_nb.server.registry import SessionDir, SessionInfo
@@ -83,7 +84,10 @@ class SessionServer:
             self._close(failed=True)
             return 1
         while not self.ending.wait(HEARTBEAT_S):
-            self._heartbeat()
+            try:
+                self._heartbeat()
+            except Exception:  # a status that could not be read this time: the next beat tries again
+                traceback.print_exc()
             if self._idle_for() > self.idle_timeout_s > 0:
                 print(f"forge_nb server: no client and nothing running for {self.idle_timeout_s:g} s; ending")
                 break
@@ -265,8 +269,8 @@ class SessionServer:
                 return ("ok", self._wait_up(args[0] if args else None))
             if method == "down":
                 return ("ok", self._client_down(hello))
-            if self.service is None:
-                raise RuntimeError("forge_nb: the session is not up")
+            if self.service is None:  # going down (`_client_down`): the server answers until it ends
+                raise SessionDown("forge_nb: the session is not up")
             if not (isinstance(method, str) and isinstance(args, tuple) and isinstance(kwargs, dict)):
                 raise TypeError("forge_nb: a call is (method name, args tuple, kwargs dict)")
             value = self.service.call(hello.who, method, args, kwargs, bool(wait))
