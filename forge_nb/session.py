@@ -70,6 +70,7 @@ class Session:
         self.fleet: Fleet | None = None
         self.watcher: Watch | None = None
         self._watch_fired = False
+        self._steps_interrupted = threading.Event()  # `interrupt_steps`: a step(n) stops at its next boundary
         # The generator side (rollout, sync, reward and rollout swaps) and the trainer side (train, loss swaps)
         # each hold their lock for a whole batch, so swaps and calls from cells land between batches.
         self.generation_lock = threading.RLock()
@@ -243,11 +244,16 @@ class Session:
         bar from 5 steps on, unless `progress=False`."""
         bar = tqdm(range(n), desc="forge_nb step", disable=n < 5 or not progress, leave=False)
         rows, self._watch_fired = [], False
+        self._steps_interrupted.clear()
         for _ in bar:
             rows.append(self.sync_step().as_dict())
-            if self._watch_fired:  # a watch fired: stop here, as a breakpoint would
-                break
+            if self._watch_fired or self._steps_interrupted.is_set():  # a watch fired, or the caller's cell was
+                break  # interrupted (a client's Ctrl-C, `interrupt_steps`): stop here, as a breakpoint would
         return pd.DataFrame(rows, columns=list(StepRow.__dataclass_fields__)).set_index("step")
+
+    def interrupt_steps(self) -> None:
+        """Stop a `step(n)` in progress at its next step boundary (the step in flight ends whole)."""
+        self._steps_interrupted.set()
 
     @contextmanager
     def whole_step(self) -> Iterator[None]:

@@ -92,12 +92,31 @@ class SessionClient:
         except (EOFError, OSError) as e:
             conn.close()
             raise self._gone() from e
+        except KeyboardInterrupt:  # the cell interrupted: the server stops a step(n) at its next step boundary
+            conn.close()  # (its reply would come on this connection; kept, it would count as a client attached)
+            self._interrupt(message)
+            raise
         with self._pool_lock:
             if self._closed:  # detached meanwhile: a connection kept would count as a client attached
                 conn.close()
             else:
                 self._idle.append(conn)
         return reply
+
+    def _interrupt(self, message: tuple) -> None:
+        """Ask the server to stop what `message` started at its next step boundary (best effort: a server that
+        is gone or busy going down has nothing to stop)."""
+        if message[1] in ("down", "wait_up", "interrupt"):
+            return
+        try:
+            conn = self._connect()
+            try:
+                conn.send(("call", "interrupt", (), {}, False))
+                conn.recv()
+            finally:
+                conn.close()
+        except Exception:
+            pass
 
     def wait_up(self, timeout: float | None = None) -> dict[str, Any]:
         """Block until the session is up (its start's error raised here) -> its status."""
@@ -331,10 +350,12 @@ class SessionClient:
         if self._closed:
             return
         try:
-            self._roundtrip(("call", "down", (), {}, True))
+            kind, value = self._roundtrip(("call", "down", (), {}, True))
         except SessionGone:
-            pass
+            kind = "ok"
         self.detach()
+        if kind == "error":  # the server ended anyway; what did not stop is named here
+            raise value.exception()
 
     def detach(self) -> None:
         """Let go of the session: it goes on in its server (`forge_nb.attach(name)` takes it up again)."""

@@ -8,19 +8,23 @@ kernels' connection files.
       server.log  the server's output (moved into the run's folder when the session ends with `down`)
 
 The runtime folder is ``$FORGE_NB_RUNTIME_DIR``, else ``$XDG_RUNTIME_DIR/forge_nb``, else
-``~/.local/share/forge_nb/runtime``; it is made 0700 and refused when another user owns it or others may enter
+``~/.local/share/forge_nb/runtime``; it is refused when another user owns it, and made 0700 when others may enter
 it. A session's folder goes when its server ends it; one whose server died (killed, its host rebooted) stays, and
-`forge-nb ps` shows it as gone with its last checkpoint until `forge-nb down NAME` clears it.
+`forge-nb ps` shows it as gone with its last checkpoint until `forge-nb down NAME` clears it. A server is known by
+its pid and that process's start time (a pid given to another process since is not it).
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import re
 import socket
 import stat
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,6 +32,7 @@ from typing import Any
 import psutil
 
 INFO, SOCKET, KEY, LOG = "info.json", "socket", "key", "server.log"
+CLAIM = ".claim"  # in the runtime folder: held while a name is picked and its folder made (`claiming`)
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 
 
@@ -47,9 +52,21 @@ def runtime_dir() -> Path:
     return folder
 
 
+@contextmanager
+def claiming() -> Iterator[None]:
+    """One process at a time picks a free name and makes its folder (an flock on the runtime folder's `CLAIM`):
+    two scripts started together get two sessions, not one folder between them."""
+    fd = os.open(runtime_dir() / CLAIM, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # (the lock goes with it)
+
+
 def private(folder: Path) -> None:
-    """`RegistryError` unless `folder` is this user's and nobody else may enter it (a folder someone else made
-    in a shared place could hand out a socket of theirs)."""
+    """`RegistryError` unless `folder` is this user's; made 0700 when others may enter it (a folder someone else
+    made in a shared place could hand out a socket of theirs)."""
     info = folder.stat()
     if info.st_uid != os.getuid():
         raise RegistryError(f"forge_nb: {folder} belongs to uid {info.st_uid}, not to you; refusing to use it")
@@ -70,10 +87,11 @@ class SessionInfo:
     """What `info.json` says of a session (the server rewrites it as the session moves on)."""
 
     name: str
-    pid: int
+    pid: int  # the server's (the starting process's until the server writes its own)
     host: str
     created: float
     state: str = "starting"  # starting, up, down, failed
+    pid_started: float = 0.0  # that process's start time (psutil's create_time): a reused pid is not it
     model: str = ""
     task: str = ""
     mesh: str = ""
@@ -98,10 +116,7 @@ class SessionInfo:
         taken at its word)."""
         if self.host != socket.gethostname():
             return self.state in ("starting", "up")
-        try:
-            return psutil.Process(self.pid).status() != psutil.STATUS_ZOMBIE
-        except psutil.Error:
-            return False
+        return same_process(self.pid, self.pid_started)
 
     def row(self) -> dict[str, Any]:
         """One line of `forge-nb ps`."""
@@ -144,7 +159,9 @@ class SessionDir:
         return self.path / LOG
 
     def create(self) -> None:
-        """Make the folder and a fresh secret (`RegistryError` if the name is taken by a live session)."""
+        """Make the folder, a fresh secret and an info that says "starting" in this process's name, so the name
+        is taken until the server writes its own (`RegistryError` if a live session or start holds it). Call it
+        within `claiming()`."""
         self.path.mkdir(mode=0o700, exist_ok=True)
         private(self.path)
         old = self.info()
@@ -155,6 +172,8 @@ class SessionDir:
         for stale in (SOCKET, INFO):
             (self.path / stale).unlink(missing_ok=True)
         write_private(self.path / KEY, os.urandom(32))
+        me = psutil.Process()
+        self.write_info(SessionInfo(self.name, me.pid, socket.gethostname(), time.time(), pid_started=me.create_time()))
 
     def key(self) -> bytes:
         try:
@@ -188,6 +207,16 @@ class SessionDir:
             self.path.rmdir()
         except OSError:
             pass
+
+
+def same_process(pid: int, started: float) -> bool:
+    """Whether `pid` runs and is the process that started at `started` (0: not known, the pid alone) and not a
+    zombie."""
+    try:
+        process = psutil.Process(pid)
+        return (not started or abs(process.create_time() - started) < 1.0) and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
 
 
 def sessions() -> list[SessionDir]:

@@ -56,10 +56,13 @@ class SessionServer:
         self.key = folder.key()
         config = self.request.config
         self.idle_timeout_s = config.session.idle_timeout_s
+        me = psutil.Process()
         self.info = SessionInfo(
-            folder.name, os.getpid(), socket.gethostname(), time.time(), idle_timeout_s=self.idle_timeout_s
-        )
-        self.service: Any = None  # the `SessionService`, once the session is up
+            folder.name, me.pid, socket.gethostname(), time.time(), idle_timeout_s=self.idle_timeout_s,
+            pid_started=me.create_time(),
+        )  # fmt: skip
+        self.service: Any = None  # the `SessionService`, once the session is up (None again once it goes down)
+        self.run_dir: Path | None = None  # where the log goes at the end (the session's run directory)
         self.start_error: Failure | None = None
         self.error_told = False  # a client received the start's error (then the folder need not keep it)
         self.up = threading.Event()  # set once the session is up, or failed to come up
@@ -124,8 +127,19 @@ class SessionServer:
         print(f"forge_nb server: session {self.folder.name!r} up (run directory {session.run_dir})", flush=True)
         return True
 
+    def _take_service(self) -> Any:
+        """The service, taken out under the lock, its info saying "down" before the session is touched: from
+        here every call is answered with SessionDown and no one attaches to a session going down."""
+        with self._lock:
+            service, self.service = self.service, None
+        if service is not None:
+            self.run_dir = Path(service.session.run_dir)
+            self.info.state = "down"
+            self.folder.write_info(self.info)
+        return service
+
     def _down(self) -> None:
-        service = self.service
+        service = self._take_service()
         if service is None:
             return
         try:
@@ -142,9 +156,8 @@ class SessionServer:
             pass
         if failed and not self.error_told:
             return
-        run_dir = Path(self.service.session.run_dir) if self.service is not None else None
         sys.stdout.flush()
-        self.folder.remove(keep_log_in=run_dir)
+        self.folder.remove(keep_log_in=self.run_dir)
 
     def _heartbeat(self) -> None:
         service = self.service
@@ -228,33 +241,27 @@ class SessionServer:
             conn.close()
 
     def _handshake(self, conn: Connection) -> Hello | None:
-        """The peer is this user and proves the key; then it says who it is. None (and closed): it did not."""
-        done, expired = threading.Event(), threading.Event()
-
-        def expire() -> None:
-            if not done.is_set():
-                expired.set()
-                conn.close()
-
-        timer = threading.Timer(HANDSHAKE_S, expire)  # a stalled handshake blocks only this thread, then ends
-        timer.start()
+        """The peer is this user and proves the key; then it says who it is, all within `HANDSHAKE_S`. None (and
+        closed by the caller): it did not."""
+        uid = _peer_uid(conn)
+        if uid != os.getuid():
+            REFUSED.refused(LISTENER, "another user", f"uid {uid}")
+            return None
+        deadline = time.monotonic() + HANDSHAKE_S
         try:
-            uid = _peer_uid(conn)
-            if uid != os.getuid():
-                REFUSED.refused(LISTENER, "another user", f"uid {uid}")
-                return None
+            conn = _Deadline(conn, deadline)  # each read waits until the deadline at most
             deliver_challenge(conn, self.key)
             answer_challenge(conn, self.key)
             hello = conn.recv()
-            done.set()
         except AuthenticationError:
             REFUSED.refused(LISTENER, "no key")
             return None
-        except Exception:
-            REFUSED.refused(LISTENER, "handshake not finished" if expired.is_set() else "closed in its handshake")
+        except TimeoutError:
+            REFUSED.refused(LISTENER, "handshake not finished")
             return None
-        finally:
-            timer.cancel()
+        except Exception:
+            REFUSED.refused(LISTENER, "closed in its handshake")
+            return None
         if not isinstance(hello, Hello):
             REFUSED.refused(LISTENER, "not a client")
             return None
@@ -296,15 +303,39 @@ class SessionServer:
         return self.service.remote_status("")
 
     def _client_down(self, hello: Hello) -> bool:
-        """`down` from a client: the session and every proc stopped before this returns; then the server ends."""
+        """`down` from a client: the session and every proc stopped before this returns (an error stopping them
+        reaches the client); then the server ends, either way."""
         print(f"forge_nb server: down, asked by {hello.who}", flush=True)
-        with self._lock:
-            service, self.service = self.service, None
-        if service is not None:
-            service.session.down()
-            self.service = service  # (for the run directory the log goes to)
-        self.ending.set()
+        try:
+            service = self._take_service()
+            if service is not None:
+                service.session.down()
+        finally:
+            self.ending.set()
         return True
+
+
+class _Deadline:
+    """A connection whose reads raise TimeoutError once `deadline` (time.monotonic) has passed with nothing to
+    read: what `multiprocessing.connection`'s challenge functions call (send_bytes, recv_bytes, recv)."""
+
+    def __init__(self, conn: Connection, deadline: float) -> None:
+        self.conn, self.deadline = conn, deadline
+
+    def _wait(self) -> None:
+        if not self.conn.poll(max(0.0, self.deadline - time.monotonic())):
+            raise TimeoutError("handshake not finished in time")
+
+    def send_bytes(self, data: bytes) -> None:
+        self.conn.send_bytes(data)
+
+    def recv_bytes(self, maxlength: int | None = None) -> bytes:
+        self._wait()
+        return self.conn.recv_bytes(maxlength)
+
+    def recv(self) -> Any:
+        self._wait()
+        return self.conn.recv()
 
 
 def _peer_uid(conn: Connection) -> int:

@@ -113,6 +113,11 @@ class SessionService:
     def remote_step(self, who: str, n: int = 1) -> pd.DataFrame:
         return self.session.step(n, progress=False)
 
+    def remote_interrupt(self, who: str) -> None:
+        """A client's cell was interrupted: its `step(n)` stops at the next step boundary (not exclusive: it is
+        called while the step holds the session)."""
+        self.session.interrupt_steps()
+
     def remote_rollout_table(self, who: str, handle: int) -> pd.DataFrame:
         return self._batch(handle).to_pandas()
 

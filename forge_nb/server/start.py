@@ -26,7 +26,16 @@ from forge_nb.config import Config, ConfigError
 from forge_nb.errors import SessionError
 from forge_nb.server.client import SessionClient, SessionGone, attach_to
 from forge_nb.server.protocol import REQUEST, StartRequest
-from forge_nb.server.registry import RegistryError, SessionDir, runtime_dir, sessions, valid_name, write_private
+from forge_nb.server.registry import (
+    RegistryError,
+    SessionDir,
+    claiming,
+    runtime_dir,
+    same_process,
+    sessions,
+    valid_name,
+    write_private,
+)
 
 SOCKET_WAIT_S = 120.0  # a server that has not opened its socket by then is not coming (its log says why)
 
@@ -56,11 +65,14 @@ def free_name(base: str) -> str:
     raise RegistryError("forge_nb: no free session name")
 
 
-def start(request: StartRequest, name: str, persist: bool, client_class: type = SessionClient) -> SessionClient:
-    """Start a server for `request` under `name` and attach -> the client, once the session is up (its start's
-    error raised here, with the server's log)."""
-    folder = SessionDir.named(name)
-    folder.create()
+def start(request: StartRequest, name: str, persist: bool, client_class: type = SessionClient,
+          pick_free: bool = False) -> SessionClient:  # fmt: skip
+    """Start a server for `request` under `name` (`pick_free`: the first free name from it, `free_name`) and
+    attach -> the client, once the session is up (its start's error raised here, with the server's log)."""
+    with claiming():  # the name is picked and taken in one step
+        _wait_gone_down(SessionDir.named(name))  # `down` then `up` (Restart and Run All): the same name again
+        folder = SessionDir.named(free_name(name) if pick_free else name)
+        folder.create()
     write_private(folder.path / REQUEST, pickle.dumps(request))
     with open(folder.log, "ab") as log:
         process = subprocess.Popen(
@@ -71,13 +83,12 @@ def start(request: StartRequest, name: str, persist: bool, client_class: type = 
             start_new_session=True,  # not in the kernel's process group: a kernel restart does not reach it
             close_fds=True,
         )
-    deadline = time.monotonic() + SOCKET_WAIT_S
-    # Its info is written once it listens: the socket's file exists from bind(), before listen(), and a client
-    # that connects between them is refused.
-    while folder.info() is None:
-        if process.poll() is not None or time.monotonic() > deadline:
-            raise SessionError(f"forge_nb: the session's server did not start:\n{_tail(folder.log)}")
-        time.sleep(0.05)
+    try:
+        _wait_listening(folder, process)
+    except BaseException:  # (Ctrl-C too) a server no one will hold is not left to start a session
+        _signal_down(process.pid, grace_s=5.0)
+        folder.remove()
+        raise
     client = client_class(folder, persist)
     try:
         client.wait_up()
@@ -92,6 +103,25 @@ def start(request: StartRequest, name: str, persist: bool, client_class: type = 
 
     lifecycle.register(client)
     return client
+
+
+def _wait_gone_down(folder: SessionDir, timeout: float = 30.0) -> None:
+    """While the session at `folder` is going down (its server's last seconds after `down`), wait for it to end."""
+    deadline = time.monotonic() + timeout
+    while (info := folder.info()) is not None and info.state == "down" and info.alive:
+        if time.monotonic() > deadline:
+            return
+        time.sleep(0.1)
+
+
+def _wait_listening(folder: SessionDir, process: subprocess.Popen) -> None:
+    """Until the server writes its info, which it does once it listens (the socket's file exists from bind(),
+    before listen(), and a client that connects between them is refused)."""
+    deadline = time.monotonic() + SOCKET_WAIT_S
+    while (info := folder.info()) is None or info.pid != process.pid:
+        if process.poll() is not None or time.monotonic() > deadline:
+            raise SessionError(f"forge_nb: the session's server did not start:\n{_tail(folder.log)}")
+        time.sleep(0.05)
 
 
 def up(
@@ -122,20 +152,21 @@ def up(
             return client
     if name is not None:
         valid_name(name)
-    chosen = name or free_name(own or ("kernel" if in_kernel() else _script_name()))
-    return start(StartRequest(cfg, data, owner=None if persist else _this_process()), chosen, persist, client_class)
+    request = StartRequest(cfg, data, owner=None if persist else _this_process())
+    return start(request, name or (own or ("kernel" if in_kernel() else _script_name())), persist, client_class,
+                 pick_free=name is None)  # fmt: skip
 
 
 def resume(path: str | Path, overrides: dict[str, Any] | None = None, name: str | None = None,
            persist: bool | None = None, client_class: type = SessionClient) -> SessionClient:  # fmt: skip
     """See `forge_nb.resume`: a new server that goes on from the checkpoint at `path`."""
     persist = in_kernel() if persist is None else persist
-    chosen = name or free_name((notebook_name() or ("kernel" if in_kernel() else _script_name())) + "-resumed")
+    base = name or (notebook_name() or ("kernel" if in_kernel() else _script_name())) + "-resumed"
     owner = None if persist else _this_process()
     request = StartRequest(
         Config(), resume_from=str(Path(path).expanduser().resolve()), overrides=overrides, owner=owner
     )
-    return start(request, chosen, persist, client_class)
+    return start(request, base, persist, client_class, pick_free=name is None)
 
 
 def attach(name: str | None = None, client_class: type = SessionClient) -> SessionClient:
@@ -154,8 +185,8 @@ def attach(name: str | None = None, client_class: type = SessionClient) -> Sessi
 
 
 def ps() -> pd.DataFrame:
-    """This user's sessions: name, state (up, starting, failed, gone), model, mesh, step, versions, run, clients,
-    age, pid, last checkpoint."""
+    """This user's sessions: name, state (starting, up, down: going down, failed, gone), model, mesh, step,
+    versions, run, clients, age, pid, last checkpoint."""
     rows = [d.info().row() for d in sessions() if d.info() is not None]
     columns = ["name", "state", "model", "mesh", "step", "versions", "run", "clients", "age", "pid", "last_checkpoint"]
     return pd.DataFrame(rows, columns=columns).set_index("name")
@@ -180,14 +211,18 @@ def _end(folder: SessionDir) -> str:
         client.down()
         return f"{folder.name}: down"
     except Exception as e:  # a server that cannot answer is stopped by signal: its procs go with it
-        _signal_down(info.pid)
+        _signal_down(info.pid, started=info.pid_started)
         folder.remove()
         return f"{folder.name}: its server did not answer ({type(e).__name__}: {e}); stopped by signal"
 
 
-def _signal_down(pid: int, grace_s: float = 20.0) -> None:
+def _signal_down(pid: int, grace_s: float = 20.0, started: float = 0.0) -> None:
+    """SIGTERM, then SIGKILL after `grace_s`, to the server `pid` (started at `started`: not a process that
+    reuses its pid)."""
     try:
         process = psutil.Process(pid)
+        if not same_process(pid, started) or "forge_nb.server" not in process.cmdline():
+            return  # not a server: a start's own process, while its server comes up, or a pid reused
         process.send_signal(signal.SIGTERM)
         process.wait(grace_s)
     except psutil.TimeoutExpired:

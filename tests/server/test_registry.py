@@ -6,6 +6,7 @@ import os
 import stat
 import time
 
+import psutil
 import pytest
 
 from forge_nb.server.registry import RegistryError, SessionDir, SessionInfo, private, runtime_dir, valid_name
@@ -47,3 +48,56 @@ def test_a_session_folder_holds_a_private_key_and_its_info_and_refuses_a_running
     SessionDir.named("exp1").create()  # a gone session's name is free again: a new key
     folder.remove()
     assert not folder.path.exists()
+
+
+def test_a_name_is_taken_from_its_create_and_a_reused_pid_is_not_the_server(tmp_path, monkeypatch):
+    from forge_nb.server.start import free_name
+
+    monkeypatch.setenv("FORGE_NB_RUNTIME_DIR", str(tmp_path))
+    SessionDir.named("train").create()  # a start in progress: its server has not written its info yet
+    info = SessionDir.named("train").info()
+    assert info.state == "starting" and info.pid == os.getpid() and info.alive
+    assert free_name("train") == "train-2"  # a second script started meanwhile gets a name of its own
+    me = psutil.Process()
+    reused = SessionInfo("x", me.pid, os.uname().nodename, time.time(), state="up", pid_started=me.create_time() - 99)
+    assert not reused.alive  # the pid runs, but another process has it now (a reboot, years of uptime)
+    assert SessionInfo("x", me.pid, os.uname().nodename, time.time(), pid_started=me.create_time()).alive
+
+
+def test_a_stalled_handshake_ends_at_its_deadline():
+    from multiprocessing import Pipe
+
+    from forge_nb.server.server import _Deadline
+
+    ours, theirs = Pipe()
+    start = time.monotonic()
+    with pytest.raises(TimeoutError):
+        _Deadline(ours, time.monotonic() + 0.3).recv_bytes(256)  # the peer sends nothing
+    assert 0.25 < time.monotonic() - start < 5
+    theirs.send_bytes(b"x")
+    assert _Deadline(ours, time.monotonic() + 5).recv_bytes(256) == b"x"
+
+
+def test_a_down_that_fails_is_told_to_the_client_and_the_server_ends_anyway(tmp_path):
+    import threading
+    import types
+
+    from forge_nb.server.protocol import Hello
+    from forge_nb.server.server import SessionServer
+
+    class Stuck:
+        run_dir = str(tmp_path / "run")
+
+        def down(self):
+            raise RuntimeError("forge_nb: procs did not stop cleanly: trainer (pid 4242)")
+
+    server = SessionServer.__new__(SessionServer)
+    server.folder = SessionDir(tmp_path / "s")
+    server.folder.path.mkdir()
+    server.info = SessionInfo("s", os.getpid(), os.uname().nodename, time.time(), state="up")
+    server._lock, server.calls_in_flight, server.ending = threading.Lock(), 0, threading.Event()
+    server.service, server.run_dir = types.SimpleNamespace(session=Stuck()), None
+    kind, failure = server._answer(Hello.here("test"), "down", (), {}, True)
+    assert kind == "error" and "trainer (pid 4242)" in str(failure.exception())
+    assert server.ending.is_set() and server.service is None  # it ends; a call meanwhile is SessionDown
+    assert server.folder.info().state == "down" and server.run_dir == tmp_path / "run"  # (its log goes there)

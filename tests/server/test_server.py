@@ -158,6 +158,26 @@ def test_bad_input_on_the_socket_never_hurts_the_session(shared):
     assert pickle.loads(pickle.dumps(shared.status()))["up"]
 
 
+def test_an_interrupted_step_stops_at_its_next_step_boundary(shared):
+    """Ctrl-C in a cell that waits on `step(n)`: the client closes its connection and asks the server to stop,
+    and the steps stop at the next boundary instead of running all n (the step in flight ends whole)."""
+    before = shared.step_count
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a kernel (an xdist worker may differ)
+    timer = threading.Timer(2.0, os.kill, (os.getpid(), signal.SIGINT))
+    timer.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            shared.step(1000, progress=False)
+    finally:
+        timer.cancel()
+        signal.signal(signal.SIGINT, old)
+    shared.step(1, progress=False)  # waits for the interrupted call's last step, then takes its own turn
+    ran = shared.step_count - before - 1
+    assert 0 <= ran < 1000, f"all {ran} steps ran: the interrupt did not stop them"
+    sums = shared.checksums()
+    assert sums["generator"] == sums["trainer"]  # the step in flight ended whole: trained and synced
+
+
 def test_a_session_no_one_holds_ends_itself_after_its_idle_timeout(tmp_path):
     out = _script(
         tmp_path,
