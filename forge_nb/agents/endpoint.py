@@ -19,18 +19,13 @@ from __future__ import annotations
 
 import asyncio
 import secrets
-import socket
 import threading
-import time
 from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
-import uvicorn
-
 from forge_nb.agents.client import AgentClient
-
-START_TIMEOUT_S = 10.0
+from forge_nb.runtime.http_thread import HttpThread
 
 
 class EndpointError(RuntimeError):
@@ -61,8 +56,7 @@ class Endpoint:
         self.trajectories: dict[str, Opened] = {}
         self.requests = 0  # every request served (for tests and the benchmark)
         self._next = 0
-        self._server: uvicorn.Server | None = None
-        self._thread: threading.Thread | None = None
+        self._http: HttpThread | None = None
         self._lock = threading.Lock()
 
     # -- lifetime -----------------------------------------------------------------------------------
@@ -70,36 +64,21 @@ class Endpoint:
         """Serve on `host` (a free port when `port` is 0) in a daemon thread -> self, once it listens."""
         from forge_nb.agents.http_api import make_app
 
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((self.host, self.port))
-        self.port = sock.getsockname()[1]
-        config = uvicorn.Config(make_app(self), log_level="warning", access_log=False, lifespan="off")
-        self._server = uvicorn.Server(config)
-        self._thread = threading.Thread(target=self._serve, args=(sock,), name="forge-endpoint", daemon=True)
-        self._thread.start()
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while not self._server.started:
-            if not self._thread.is_alive() or time.monotonic() > deadline:
-                sock.close()
-                raise EndpointError(f"the endpoint did not start on {self.host}:{self.port}")
-            time.sleep(0.01)
+        try:
+            self._http = HttpThread(make_app(self), self.host, self.port, "forge-endpoint").start()
+        except OSError as e:
+            raise EndpointError(f"the endpoint did not start on {self.host}:{self.port}: {e}") from e
+        self.port = self._http.port
         return self
-
-    def _serve(self, sock: socket.socket) -> None:
-        asyncio.run(self._server.serve(sockets=[sock]))  # type: ignore[union-attr]
 
     def stop(self, timeout_s: float = 5.0) -> None:
         """Stop serving and close the port; safe to call twice."""
-        server, thread, self._server, self._thread = self._server, self._thread, None, None
-        if server is None or thread is None:
-            return
-        server.should_exit = True
-        thread.join(timeout_s)
+        if self._http is not None:
+            self._http.stop(timeout_s)
 
     @property
     def running(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
+        return self._http is not None and self._http.running
 
     @property
     def url(self) -> str:
