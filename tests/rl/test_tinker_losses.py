@@ -137,3 +137,54 @@ def test_datums_collate_right_padded_with_each_datums_inputs():
     assert batch.inputs["weights"].tolist() == [[0.0, 1.0, 1.0], [0.5, 0.0, 0.0]]
     assert batch.rows(torch.arange(6.0).reshape(2, 3)) == [[0.0, 1.0, 2.0], [3.0]]
     assert batch.select(torch.tensor([1])).input_ids.tolist() == [[8, 0, 0]]
+
+
+def test_consecutive_datums_sharing_a_prefix_are_grouped():
+    from forge_nb.rl.target_batch import MIN_SHARED, shared_prefixes
+
+    prompt = list(range(3, 3 + MIN_SHARED + 2))
+    tokens = [prompt + [1, 2], prompt + [1, 5, 6], prompt[:4] + [9], prompt + [7], prompt]
+    # the first two share prompt + [1]; the third shares too little; the last two share prompt but the last keeps
+    # one token of its own
+    assert shared_prefixes(tokens) == [len(prompt) + 1, len(prompt) + 1, 4, len(prompt) - 1, len(prompt) - 1]
+    assert shared_prefixes([prompt + [1], [5] * 12]) is None
+
+
+def test_a_shared_prefix_runs_once_with_the_plain_layouts_logprobs_and_gradients():
+    """Up to float rounding: Llama's RMSNorm computes in float32 whatever the model's dtype, so the two layouts'
+    gradients differ in float32's last bits (as tests/rl/test_prefix_batch.py's prompt-once layout does)."""
+    from transformers import AutoModelForCausalLM
+
+    from forge_nb.models import BUNDLED_MODEL
+    from forge_nb.rl.target_batch import SharedPrefixBatch, TargetBatch
+
+    model = AutoModelForCausalLM.from_pretrained(BUNDLED_MODEL)
+    gen = torch.Generator().manual_seed(3)
+    tokens, targets, weights = [], [], []
+    for p in range(2):  # 2 prompts x 3 samples of varied length, then one datum alone
+        prompt = [1] + torch.randint(3, 15, (9 + p,), generator=gen).tolist()
+        for i in range(3):
+            seq = prompt + torch.randint(3, 15, (1 + 2 * i,), generator=gen).tolist() + [2]
+            tokens.append(seq[:-1])
+            targets.append(seq[1:])
+    tokens.append([1, 4, 5, 6])
+    targets.append([4, 5, 6, 2])
+    weights = [torch.randn(len(t), generator=gen).tolist() for t in tokens]
+    datums = Datums(tokens, targets, {"weights": weights})
+    shared, plain = datums.collate(0), datums.collate(0, share_prefixes=False)
+    assert isinstance(shared, SharedPrefixBatch) and isinstance(plain, TargetBatch)
+    assert shared.prompt_ids.shape[0] == 3 and shared.completion_ids.shape[1] < plain.input_ids.shape[1]
+    out = []
+    for batch in (shared, plain):
+        model.zero_grad()
+        logprobs = batch.logprobs(model)
+        tinker_losses.total(
+            tinker_losses.per_token("cross_entropy", logprobs, batch.inputs, {}), batch.loss_mask
+        ).backward()
+        out.append((logprobs.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}))
+    torch.testing.assert_close(out[0][0], out[1][0], rtol=1e-5, atol=1e-5)
+    for name, grad in out[0][1].items():  # each parameter's gradient, as a whole
+        assert (grad - out[1][1][name]).norm() <= 1e-4 * out[1][1][name].norm(), name  # measured: <= 2.2e-5
+    picked = shared.select(torch.tensor([4, 6]))  # rows of one prompt and the datum alone: their prefixes only
+    assert picked.prompt_ids.shape[0] == 2
+    torch.testing.assert_close(picked.logprobs(model).detach(), out[1][0][[4, 6]], rtol=1e-5, atol=1e-5)
