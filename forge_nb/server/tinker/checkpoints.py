@@ -34,10 +34,9 @@ class CheckpointStore:
 
     def new(self, model_id: str, kind: str, name: str | None, overwrite: bool = True) -> tuple[str, Path]:
         """Where checkpoint `name` of `kind` ("training" or "sampler") of `model_id` goes -> (its tinker path,
-        its folder, emptied). `BadRequest` for a name that is not one path segment, or one taken (unless
-        `overwrite`)."""
-        if not name or "/" in name or name in (".", "..") or name.startswith("."):
-            raise BadRequest(f"path: {name!r} is not a checkpoint name (one path segment, no '/')")
+        its folder, emptied). `BadRequest` for a name that is not one path segment (`check_name`), or one taken
+        (unless `overwrite`)."""
+        self.check_name(name)
         folder = self.root / model_id / SEGMENT[kind] / name
         if folder.exists():
             if not overwrite:
@@ -45,6 +44,12 @@ class CheckpointStore:
             shutil.rmtree(folder)
         folder.parent.mkdir(parents=True, exist_ok=True)
         return f"tinker://{model_id}/{SEGMENT[kind]}/{name}", folder
+
+    @staticmethod
+    def check_name(name: str | None) -> None:
+        """`BadRequest` unless `name` is one path segment (no '/', not hidden)."""
+        if not name or "/" in name or name.startswith("."):
+            raise BadRequest(f"path: {name!r} is not a checkpoint name (one path segment, no '/')")
 
     def write_meta(self, folder: Path, kind: str, **meta: Any) -> None:
         (folder / META).write_text(json.dumps({"checkpoint_type": kind, "time": time.time(), **meta}))

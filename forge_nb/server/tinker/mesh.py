@@ -89,6 +89,7 @@ class TinkerMesh:
         config = session.config
         model = AutoConfig.from_pretrained(self.model_dir)
         self.limits = Limits(model.vocab_size, config.engine.max_model_len or model.max_position_embeddings)
+        self.arch = model.model_type
         self.models_made = 0
         self.base_version: int | None = None  # the policy version of the fresh model (the base's outputs)
         self._since = _SinceStep()
@@ -129,7 +130,7 @@ class TinkerMesh:
         model keeps its procs; otherwise the trainer (and, when they serve differently, the generators) start
         afresh (`Fleet.remodel`) and the generators are refreshed to it. `BadRequest` for a model it cannot make."""
         s = self.session
-        lora = self._lora(rank, train_attn, train_mlp)
+        lora = self.lora_config(rank, train_attn, train_mlp)
         unchanged = lora == self.lora and self.models_made == 0 and s.trainer_version == 0 and s.generator_version == 0
         if not unchanged:
             if s.config.algorithm.kl_coef > 0 and (lora is None) != (self.lora is None):
@@ -148,7 +149,9 @@ class TinkerMesh:
         with self._lock:
             self._since = _SinceStep()
 
-    def _lora(self, rank: int, train_attn: bool, train_mlp: bool) -> LoraConfig | None:
+    def lora_config(self, rank: int, train_attn: bool, train_mlp: bool) -> LoraConfig | None:
+        """The `lora` section a Tinker LoRA config asks for (None: every weight, rank 0); `BadRequest` for one
+        forge_nb cannot make."""
         if isinstance(rank, bool) or rank < 0:
             raise BadRequest(f"lora_config.rank: {rank!r}; a rank >= 1 (LoRA) or 0 (every weight trained)")
         if rank == 0:
@@ -159,9 +162,8 @@ class TinkerMesh:
                 "lora_config: train_attn and train_mlp are both false; forge_nb's adapters cover the attention and "
                 "MLP projections (train_unembed is not served)"
             )
-        current = self.session.config.lora
-        alpha = current.alpha if current.enabled else LORA_ALPHA
-        return LoraConfig(True, rank, alpha, current.dropout, targets, current.serve)
+        current = self.session.config.lora  # (its dropout and how the generators serve it; Tinker's alpha)
+        return LoraConfig(True, rank, LORA_ALPHA, current.dropout, targets, current.serve)
 
     # -- training ------------------------------------------------------------------------------------------
     def forward_backward(

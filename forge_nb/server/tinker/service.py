@@ -166,7 +166,7 @@ class TinkerService:
             train_unembed=lora is not None and lora.train_unembed,
         )
         self._check_base_model(request.base_model, "base_model")
-        self.mesh._lora(rank, model.train_attn, model.train_mlp)  # a rank or targets it cannot serve: 400 now
+        self.mesh.lora_config(rank, model.train_attn, model.train_mlp)  # a rank or targets it cannot serve: 400 now
         return self._take_over(model, lambda: self.mesh.make_model(rank, model.train_attn, model.train_mlp), None)
 
     def _take_over(self, model: TrainingModel, make, then) -> dict:
@@ -203,7 +203,7 @@ class TinkerService:
     def get_info(self, body: dict) -> dict:
         request = types.GetInfoRequest.model_validate(body)
         model = self._model(request.model_id)
-        data = types.ModelData(arch=self._arch(), model_name=self.mesh.model_dir, tokenizer_id=self.mesh.model_dir)
+        data = types.ModelData(arch=self.mesh.arch, model_name=self.mesh.model_dir, tokenizer_id=self.mesh.model_dir)
         return types.GetInfoResponse(
             type="get_info",
             model_data=data,
@@ -212,11 +212,6 @@ class TinkerService:
             lora_rank=model.lora_rank or None,
             model_name=self.mesh.model_dir,
         ).model_dump(mode="json", exclude_none=True)
-
-    def _arch(self) -> str:
-        from transformers import AutoConfig
-
-        return AutoConfig.from_pretrained(self.mesh.model_dir).model_type
 
     def _model(self, model_id: str) -> TrainingModel:
         """The model `model_id` names: the one being trained, else why not."""
@@ -293,9 +288,10 @@ class TinkerService:
         request = types.SaveWeightsRequest.model_validate(body)
         model = self._model(request.model_id)
         name = request.path or f"{request.seq_id or 0:06d}"
-        path, folder = self.checkpoints.new(model.model_id, "training", name, request.overwrite)
+        self.checkpoints.check_name(name)
 
-        def run() -> dict:
+        def run() -> dict:  # (the folder is made in turn: a retried request never empties a saved one)
+            path, folder = self.checkpoints.new(model.model_id, "training", name, request.overwrite)
             version = self.mesh.save_state(str(folder))
             self._meta(folder, "training", model, version, request.user_metadata)
             return {"path": path, "type": "save_weights"}
@@ -307,15 +303,16 @@ class TinkerService:
         model = self._model(request.model_id)
         if request.path is None and request.sampling_session_seq_id is None:
             raise BadRequest("path: a name, or sampling_session_seq_id for a sampling client of these weights")
-        target = self.checkpoints.new(model.model_id, "sampler", request.path) if request.path else None
+        if request.path is not None:
+            self.checkpoints.check_name(request.path)
 
         def run() -> dict:
             source = f"tinker: save_weights_for_sampler {request.path or ''}".rstrip()
             self.mesh.refresh(source)
-            if target is None:
+            if request.path is None:
                 sampler = self._new_sampler(model.model_id, model.base_model, None)
                 return {"path": None, "sampling_session_id": sampler.sampler_id, "type": "save_weights_for_sampler"}
-            path, folder = target
+            path, folder = self.checkpoints.new(model.model_id, "sampler", request.path)
             version = self.mesh.save_weights(str(folder))
             self._meta(folder, "sampler", model, version, request.user_metadata)
             return {"path": path, "type": "save_weights_for_sampler"}
