@@ -31,7 +31,7 @@ os.environ.setdefault("FORGE_NB_ENGINE", "torch")
 # threads spin after each parallel region by default, so the procs of one mesh burnt the cores the other
 # needed: tutorial 05 took 49 s alone and 208 s beside tutorial 01, 66 s with passive waits (01: 179 -> 38 s).
 # Alone, passive waits cost a single process latency (benchmarks/overhead.py: 36 -> 63 ms a step), so outside
-# the suite a local mesh's procs only spin briefly (mesh/local.py). Read when torch loads (every proc, kernel).
+# the suite a local mesh's procs only spin briefly (launch/local.py). Read when torch loads (every proc, kernel).
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 # The suite's Python environment is active, as a user's shell would have it (`source .venv/bin/activate`):
 # an exported run.sbatch runs the `python3` of the job's PATH, which sbatch takes from the submitting process.

@@ -38,7 +38,6 @@ import torch
 from agent_endpoint import endpoint_table
 from trl_baseline import NOSKIP_LOSS, grpo_config, median_step_s, step_clock
 
-import forge_nb
 from forge_nb.agents.tasks.calculator import (
     ANSWER_PROMPT,
     EXPRESSION,
@@ -49,6 +48,7 @@ from forge_nb.agents.tasks.calculator import (
     calculator_problems,
     expression_rollout,
 )
+from forge_nb.session import Session
 
 MODEL = "smollm2-135m-instruct"
 
@@ -62,7 +62,7 @@ def data(args: argparse.Namespace) -> tuple[list[dict], list[dict]]:
 
 def forge_nb_run(args: argparse.Namespace, train: list[dict], heldout: list[dict]) -> dict:
     """Evaluate, train for `args.minutes`, evaluate; then time steps without the zero-advantage skip."""
-    s = forge_nb.up(
+    s = Session.up(
         model=MODEL,
         task={"train": train, "eval": heldout},
         eval_size=len(heldout),

@@ -18,12 +18,12 @@ import argparse
 import os
 import time
 
-import forge_nb
+from forge_nb.session import Session
 
 
 def measure(mode: str, seconds: float, async_threads: int, engine: str) -> dict:
     overrides = {"threads_per_proc": 2} if mode == "sync" else {"threads_per_proc": async_threads, "loss": "aipo"}
-    s = forge_nb.up(engine=engine, **overrides)
+    s = Session.up(engine=engine, **overrides)
     try:
         before = s.evaluate()["heldout_accuracy"]
         start = time.perf_counter()

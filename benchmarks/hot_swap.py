@@ -13,7 +13,7 @@ import argparse
 import statistics
 import time
 
-import forge_nb
+from forge_nb.session import Session
 
 REWARD = "def reward(prompt, completion, target, **context):\n    return float(completion.strip() == target) + {k}\n"
 LOSS = (
@@ -47,7 +47,7 @@ def main() -> None:
     parser.add_argument("--swaps", type=int, default=20)
     parser.add_argument("--reward-procs", type=int, default=2)
     args = parser.parse_args()
-    session = forge_nb.up(reward_procs=args.reward_procs, engine="torch")
+    session = Session.up(reward_procs=args.reward_procs, engine="torch")
     try:
         session.step(2)  # probe samples come from the buffer, as in a running session
         results = {kind: measure(session, kind, args.swaps) for kind in ("reward", "loss")}

@@ -28,7 +28,6 @@ import time
 import numpy as np
 import torch
 
-import forge_nb
 from forge_nb.models.registry import resolve_model
 from forge_nb.rewards import Ensemble, addition_verifiers
 from forge_nb.rewards.ensemble import binarize, thresholds
@@ -37,6 +36,7 @@ from forge_nb.rewards.judge_model import JudgeModel
 from forge_nb.rewards.verdicts import JudgeRequest
 from forge_nb.rewards.weaver import majority_vote
 from forge_nb.rl.episode import Episode
+from forge_nb.session import Session
 
 SETS = ("before training", "after label-free GRPO")
 
@@ -93,7 +93,7 @@ def grpo(reward: str, args: argparse.Namespace) -> dict:
     """Held-out accuracy, greedy and sampled, before and after `args.steps` GRPO steps trained on `reward`
     ("label" or "ensemble"), and the held-out sample sets (with their labels) it was measured on."""
     print(f"GRPO on {reward}: {args.steps} steps", file=sys.stderr, flush=True)
-    s = forge_nb.up(engine=args.engine, seed=args.seed)
+    s = Session.up(engine=args.engine, seed=args.seed)
     try:
         if reward == "ensemble":
             s.set_reward(Ensemble(addition_verifiers()))  # replaces the built-in exact match: the only reward

@@ -20,7 +20,7 @@ import argparse
 import statistics
 import time
 
-import forge_nb
+from forge_nb.session import Session
 
 #: name -> the config a user would give (TRL's recipes where there is one).
 LOSSES = {
@@ -43,7 +43,7 @@ LOSSES = {
 
 
 def one_run(overrides: dict, seed: int, steps: int, mode: str) -> dict:
-    s = forge_nb.up(seed=seed, threads_per_proc=1, **overrides)
+    s = Session.up(seed=seed, threads_per_proc=1, **overrides)
     try:
         before = s.evaluate(greedy=True)["heldout_accuracy"]  # the seed picks the held-out problems
         started = time.perf_counter()

@@ -10,7 +10,10 @@ Blocks of steps alternate between the two so machine noise hits both alike.
 
 Then the floor: the four messages of a mesh step (generate, score, train, refresh) with the payloads of
 the run's last step, back to back, to actors in their own procs that answer at once. No mesh step can
-cost less than the plain step plus this.
+cost less than the plain step plus this. With ``--over tcp tls`` the same four messages also go, from a fresh
+process each, to procs of a worker on this machine's loopback, as a hosts session's do: over plain TCP (Monarch's
+own worker, which trusts any caller: what forge_nb's worker was before #59) and over mutual TLS (forge_nb's worker
+and the session's certificate): what TLS costs a step's messages.
 
 Last, the session server: the same session config runs twice, its controller in this process (`Session.up`,
 the mesh column above) and in a server of its own with this process as its client (`forge_nb.up`), blocks
@@ -18,7 +21,7 @@ interleaved: the wall time a step takes as the caller sees it, for the client ca
 round trip a step) and `step(n)` once a block; and the time a new process takes to attach to the running
 session (`forge_nb.attach`), alone and with the interpreter's start and imports.
 
-    python benchmarks/overhead.py [--steps-per-block 25] [--blocks 4]
+    python benchmarks/overhead.py [--steps-per-block 25] [--blocks 4] [--over tcp tls]
 """
 
 from __future__ import annotations
@@ -26,10 +29,14 @@ from __future__ import annotations
 import argparse
 import functools
 import os
+import pickle
+import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 import torch
 from monarch.actor import Actor, endpoint
@@ -127,31 +134,112 @@ class AsyncAnswers(Actor):
         return self.replies["refresh"]
 
 
-def floor(session, plain: PlainLoop, steps: int) -> list[float]:
-    """Seconds per step of the mesh step's four messages alone, with the last step's payloads."""
+def floor_payloads(session, plain: PlainLoop) -> dict:
+    """What the step's four messages carry in the run's last step, and what each actor answers."""
     problems, completions = plain.last
     episodes = session.state.buffer.recent(sum(len(group) for group in completions))
     ids, sampling = session.state.prompts.render_all(problems)[1], session.state.sampling()
     batch, rewards = TrainBatch.of(episodes), reward_batch(episodes, session.state.step_count)
     scores = Scores([e.reward for e in episodes], components={"reward": [e.reward for e in episodes]})
-    result = TrainResult(1, 0, {"loss": 0.0, "grad_norm": 0.0}, 0.0, 0.0)
-    report = RefreshReport(1, 0, 0, 0.0, 0.0, False, "shm")
+    return {
+        "generate": (ids, sampling),
+        "score": (rewards,),
+        "train": (batch,),
+        "generation": Generation(completions, 0, 0.0),
+        "scores": scores,
+        "result": TrainResult(1, 0, {"loss": 0.0, "grad_norm": 0.0}, 0.0, 0.0),
+        "report": RefreshReport(1, 0, 0, 0.0, 0.0, False, "shm"),
+    }
+
+
+def four_messages(spawn, payloads: dict, steps: int) -> list[float]:
+    """Seconds per step of the four messages, back to back, to actors `spawn(role, class, spec)` starts."""
+    p = payloads
+    generator = spawn("generator", AsyncAnswers, {"call": p["generation"], "refresh": p["report"]})
+    reward = spawn("reward", Answers, {"call": p["scores"]})
+    trainer = spawn("trainer", Answers, {"call": p["result"]})
+    calls = [(generator.call, p["generate"]), (reward.call, p["score"]), (trainer.call, p["train"])]
+    calls.append((generator.refresh, (1,)))
+    seconds = []
+    for _ in range(steps + 5):
+        start = time.perf_counter()
+        for call, args in calls:
+            call.call_one(*args).get()
+        seconds.append(time.perf_counter() - start)
+    return seconds[5:]
+
+
+def floor(session, plain: PlainLoop, steps: int) -> list[float]:
+    """Seconds per step of the mesh step's four messages alone, with the last step's payloads."""
     mesh = LocalMesh()
     try:
-        generator = mesh.spawn("generator", AsyncAnswers, {"call": Generation(completions, 0, 0.0), "refresh": report})
-        reward = mesh.spawn("reward", Answers, {"call": scores})
-        trainer = mesh.spawn("trainer", Answers, {"call": result})
-        calls = [(generator.call, (ids, sampling)), (reward.call, (rewards,)), (trainer.call, (batch,))]
-        calls.append((generator.refresh, (1,)))
-        seconds = []
-        for _ in range(steps + 5):
-            start = time.perf_counter()
-            for call, args in calls:
-                call.call_one(*args).get()
-            seconds.append(time.perf_counter() - start)
-        return seconds[5:]
+        return four_messages(mesh.spawn, floor_payloads(session, plain), steps)
     finally:
         mesh.stop()
+
+
+def floor_over(transport: str, payloads: dict, steps: int) -> list[float]:
+    """`floor`'s messages to procs of a worker on this machine's loopback, over `transport` ("tcp" or "tls"),
+    in a fresh process (its Monarch's first use)."""
+    with tempfile.TemporaryDirectory() as folder:
+        data = Path(folder) / "payloads.pkl"
+        data.write_bytes(pickle.dumps(payloads))
+        env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[1]), str(Path(__file__).parent)]),
+        }
+        done = subprocess.run(
+            [sys.executable, __file__, "--floor-over", transport, str(data), str(steps)],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
+        if done.returncode != 0:
+            raise RuntimeError(f"the floor over {transport} failed:\n{done.stderr[-3000:]}")
+        return [float(x) for x in done.stdout.split()[-steps:]]
+
+
+def _floor_over_main(transport: str, data: str, steps: int) -> None:
+    """The child of `floor_over`: a worker on the loopback, attached over `transport`; prints the seconds."""
+    from monarch.actor import attach_to_workers, enable_transport
+
+    from forge_nb.launch.credentials import Credentials
+
+    payloads = pickle.loads(Path(data).read_bytes())
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    folder = Path(data).parent / "credentials"
+    if transport == "tls":
+        credentials = Credentials.new(folder)
+        worker = [
+            sys.executable,
+            "-m",
+            "forge_nb.launch.worker",
+            f"tls://127.0.0.1:{port}",
+            "--credentials",
+            str(folder),
+        ]
+        credentials.use("127.0.0.1")
+    else:  # Monarch's own worker, as forge_nb's was before #59
+        loop = f"run_worker_loop_forever(address='tcp://127.0.0.1:{port}', ca='trust_all_connections')"
+        worker = [sys.executable, "-c", f"from monarch.actor import run_worker_loop_forever; {loop}"]
+    process = subprocess.Popen(worker, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        enable_transport(f"{transport}://127.0.0.1:0")
+        hosts = attach_to_workers(ca="trust_all_connections", workers=[f"{transport}://127.0.0.1:{port}"])
+        hosts.initialized.get(timeout=120)
+
+        def spawn(role: str, actor_class: type, spec: dict):
+            return hosts.spawn_procs(per_host={"procs": 1}, name=role).spawn(role, actor_class, spec)
+
+        seconds = four_messages(spawn, payloads, steps)
+        print(" ".join(f"{x:.6f}" for x in seconds), flush=True)
+    finally:
+        process.kill()
+        process.wait()
+    os._exit(0)  # the procs go with their worker; Monarch's threads would keep dialling it
 
 
 def main() -> None:
@@ -163,7 +251,12 @@ def main() -> None:
     parser.add_argument(
         "--log", action="store_true", help="keep the mesh's rollout log on (every sample to Parquet, in the kernel)"
     )
+    parser.add_argument("--over", nargs="*", default=[], choices=("tcp", "tls"), help="the floor over a worker too")
+    parser.add_argument("--floor-over", nargs=3, help=argparse.SUPPRESS)  # floor_over's child
     args = parser.parse_args()
+    if args.floor_over:
+        transport, data, steps = args.floor_over
+        return _floor_over_main(transport, data, int(steps))
 
     config = Config().updated({"threads_per_proc": args.threads, "engine.name": "torch", "log.samples": args.log})
     torch.set_num_threads(args.threads)
@@ -190,12 +283,14 @@ def main() -> None:
             client.step(n, progress=False)
             walls["client, step(n)"].append((time.perf_counter() - start) / n)
         floor_s = floor(session, plain, len(mesh_rows))
+        over = {t: floor_over(t, floor_payloads(session, plain), len(mesh_rows)) for t in args.over}
         attach = attach_times(client.name)
     finally:
         session.down()
         client.down()
     report(plain_rows, mesh_rows, config, floor_s)
     report_client(walls, n, attach)
+    report_over(floor_s, over)
 
 
 def attach_times(name: str, runs: int = 3) -> dict[str, list[float]]:
@@ -213,6 +308,21 @@ def attach_times(name: str, runs: int = 3) -> dict[str, list[float]]:
         out["attach"].append(alone)
         out["import + attach"].append(whole)
     return out
+
+
+def report_over(local: list[float], over: dict[str, list[float]]) -> None:
+    """The floor on this host's Unix sockets and through a loopback worker over each transport."""
+    if not over:
+        return
+    print("\nthe step's four messages (the floor), ms a step, to procs of:")
+    rows = {"this host (Unix sockets)": local, **{f"a worker over {t}": v for t, v in over.items()}}
+    for label, values in rows.items():
+        median, mean = statistics.median(values) * 1e3, statistics.fmean(values) * 1e3
+        p90 = statistics.quantiles(values, n=10)[-1] * 1e3
+        print(f"  {label:<26}median {median:>7.2f}  mean {mean:>7.2f}  p90 {p90:>7.2f}  ({len(values)} steps)")
+    if {"tcp", "tls"} <= set(over):
+        tcp, tls = (statistics.median(over[t]) for t in ("tcp", "tls"))
+        print(f"  tls / tcp (medians): {tls / tcp:.3f}x")
 
 
 def report_client(walls: dict[str, list[float]], n: int, attach: dict[str, list[float]]) -> None:

@@ -34,8 +34,8 @@ from concurrent.futures import ProcessPoolExecutor
 import torch
 from trl_baseline import NOSKIP_LOSS, grpo_config, median_step_s, step_clock
 
-import forge_nb
 from forge_nb.rewards import answer_match
+from forge_nb.session import Session
 from forge_nb.tasks.word_problems import word_problems
 
 MODEL = "smollm2-135m-instruct"
@@ -63,7 +63,7 @@ def forge_nb_run(args: argparse.Namespace, train: list[dict], heldout: list[dict
     """Evaluate, train for `args.minutes`, evaluate; then time steps without the zero-advantage skip.
     With `lora`, a LoRA adapter trains (at `args.lora_lr`) instead of every weight."""
     extra = {"lora": lora_settings(args)} if lora else {}
-    s = forge_nb.up(
+    s = Session.up(
         model=MODEL,
         task={"train": train, "eval": heldout},
         eval_size=len(heldout),

@@ -34,7 +34,6 @@ from collections.abc import Callable
 
 import torch
 
-import forge_nb
 from forge_nb.live.capture import compile_function
 from forge_nb.models.registry import resolve_model
 from forge_nb.rewards import Ensemble, addition_verifiers, judge
@@ -45,6 +44,7 @@ from forge_nb.rewards.scoring import score_members
 from forge_nb.rewards.verdicts import JudgeRequest
 from forge_nb.rl.pipeline import reward_batch
 from forge_nb.runtime.calls import shards
+from forge_nb.session import Session
 
 EXACT = "exact match (per sample)"
 ENSEMBLE = "rule ensemble (batched)"
@@ -102,7 +102,7 @@ def side_by_side(sides: dict[str, Callable], parts: list[RewardBatch], seconds: 
 
 def rule_rates(procs: int, batch: RewardBatch, sizes: list[int], seconds: float, blocks: int, threads: int) -> dict:
     """(reward, samples per call) -> {"kernel": samples/s, "pool": samples/s} with `procs` reward procs."""
-    session = forge_nb.up(reward_procs=procs, threads_per_proc=threads, engine="torch")
+    session = Session.up(reward_procs=procs, threads_per_proc=threads, engine="torch")
     out = {}
     try:
         for reward in (EXACT, ENSEMBLE):
@@ -119,7 +119,7 @@ def rule_rates(procs: int, batch: RewardBatch, sizes: list[int], seconds: float,
 
 def judge_rates(n: int, batch_size: int, rounds: int, threads: int) -> dict:
     """Verdicts/s of the judge: through the pool and the judge actor, and the same messages in this process."""
-    session = forge_nb.up(reward_procs=1, threads_per_proc=threads, engine="torch")
+    session = Session.up(reward_procs=1, threads_per_proc=threads, engine="torch")
     try:
         batch = samples(session, n)
         start = time.perf_counter()
@@ -189,7 +189,7 @@ def main() -> None:
     parser.add_argument("--judge-threads", type=int, default=2, help="torch threads of the judge (both sides)")
     args = parser.parse_args()
 
-    sampler = forge_nb.up(engine="torch")
+    sampler = Session.up(engine="torch")
     try:
         batch = samples(sampler, max(args.sizes))
     finally:

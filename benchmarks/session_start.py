@@ -22,7 +22,7 @@ import os
 import statistics
 import time
 
-import forge_nb
+from forge_nb.session import Session
 
 SIDES = {"fresh": ("0", "0"), "forked": ("1", "0"), "lingering": ("1", "600")}  # FORK_PROCS, FORK_LINGER_S
 SESSION = dict(prompts_per_step=4, group_size=4, engine="torch")
@@ -42,9 +42,9 @@ def one_session(side: tuple[str, str], steps: int) -> dict[str, float]:
 
 
 def timed_session(steps: int, **options) -> dict[str, float]:
-    """`forge_nb.up(**options)`, `steps` steps, down -> seconds of each, and the machine's CPU meanwhile."""
+    """`Session.up(**options)`, `steps` steps, down -> seconds of each, and the machine's CPU meanwhile."""
     cpu0, t0 = busy_s(), time.perf_counter()
-    session = forge_nb.up(**options)
+    session = Session.up(**options)
     t1 = time.perf_counter()
     session.step(steps)
     t2 = time.perf_counter()

@@ -21,17 +21,17 @@ import time
 import torch
 from trl_baseline import grpo_config, step_clock
 
-import forge_nb
 from forge_nb.config import TaskConfig
 from forge_nb.engines.vllm_engine import vllm_available
 from forge_nb.models import BUNDLED_MODEL
+from forge_nb.session import Session
 from forge_nb.tasks import make_task
 
 
 def forge_steps_per_s(engine: str, mode: str, args: argparse.Namespace) -> tuple[float, float]:
     """-> (steps/s over the timed steps, median trainer seconds per step)."""
     threads = args.threads if mode == "sync" else 1  # async: generator and trainer share the cores
-    s = forge_nb.up(
+    s = Session.up(
         engine=engine,
         prompts_per_step=args.prompts,
         group_size=args.group,

@@ -49,10 +49,13 @@ def _named(size_bytes: int, fill: float) -> list[tuple[str, torch.Tensor]]:
 
 
 class Publisher(Actor):
-    def __init__(self, size_bytes: int) -> None:
+    """A trainer's publisher of `size_bytes`; with `stream_secret`, it serves its TCP streams at `stream_host` to
+    readers that prove the secret (as a session's trainer does)."""
+
+    def __init__(self, size_bytes: int, stream_secret: bytes = b"", stream_host: str = "127.0.0.1") -> None:
         torch.set_num_threads(1)
         self.named = _named(size_bytes, 1.0)
-        self.publisher = WeightPublisher(self.named, version=0)
+        self.publisher = WeightPublisher(self.named, version=0, stream_secret=stream_secret, stream_host=stream_host)
         self.version = 0
 
     @endpoint

@@ -2,8 +2,8 @@
 each a network namespace on one bridge (`forge_nb.testing.netns_hosts`, root only), one run, side by side:
 
 forge_nb (tcp)       the product path across hosts: publish, pull over the trainer's TCP streams
-                     (`weights.stream`, `--streams` connections, 4 as in the config), check the version, load
-                     into the receiver's tensors
+                     (`weights.stream`, `--streams` connections, 4 as in the config; each proves the session's
+                     secret before its first byte), check the version, load into the receiver's tensors
 x1 copy only         forge_nb x1's copy into its staging buffer alone (what gloo's broadcast does)
 forge_nb (rdma)      the same over Monarch RDMABuffers (its TCP fallback here: no ibverbs)
 gloo broadcast       torch.distributed gloo over the same veth links, one tensor of the same size
@@ -34,6 +34,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import secrets
 import shutil
 import statistics
 import subprocess
@@ -91,7 +92,9 @@ def _gloo_rank(rank: int, world: int, master: str, size_bytes: int, reps: int) -
     print(gloo_broadcast_seconds(rank, world, size_bytes, reps), flush=True)
 
 
-def mesh_seconds(hosts, size_bytes: int, fanout: list[int], reps: int, streams: int) -> dict[str, float]:
+def mesh_seconds(
+    hosts, trainer_host: str, size_bytes: int, fanout: list[int], reps: int, streams: int
+) -> dict[str, float]:
     """forge_nb's refresh across hosts: tcp and rdma to one generator, tcp to N at once; for tcp to one, also
     the copy alone (before the version check and the load, as gloo's broadcast has neither)."""
     from weight_refresh import Publisher, Receiver
@@ -102,10 +105,12 @@ def mesh_seconds(hosts, size_bytes: int, fanout: list[int], reps: int, streams: 
     pub_procs = hosts.slice(hosts=0).spawn_procs(per_host={"procs": 1}, name="publisher")
     rec_procs = [hosts.slice(hosts=i).spawn_procs(per_host={"procs": 1}, name=f"receiver{i}") for i in range(1, n + 1)]
     try:
-        publisher = pub_procs.spawn("publisher", Publisher, size_bytes)
+        secret = secrets.token_bytes(32)  # as a session's: to the publisher in its spec, to readers in the manifest
+        publisher = pub_procs.spawn("publisher", Publisher, size_bytes, secret, trainer_host)
         receivers = [p.spawn("receiver", Receiver, size_bytes) for p in rec_procs]
         manifest = wait(publisher.manifest.call_one())
-        manifest = dataclasses.replace(manifest, stream=dataclasses.replace(manifest.stream, streams=streams))
+        stream = dataclasses.replace(manifest.stream, streams=streams, secret=secret)
+        manifest = dataclasses.replace(manifest, stream=stream)
         out: dict[str, float] = {}
         transports = {"tcp": receivers, "rdma": receivers[:1]}
         for transport, attached in transports.items():
@@ -133,21 +138,30 @@ def mesh_seconds(hosts, size_bytes: int, fanout: list[int], reps: int, streams: 
 
 
 def run(sizes_mb: list[int], fanout: list[int], reps: int = 0, streams: int = 4) -> None:
+    import tempfile
+
     from monarch.actor import attach_to_workers, enable_transport
 
+    from forge_nb.launch.credentials import Credentials
     from forge_nb.testing.netns_hosts import HostNet
 
     net = HostNet(1 + max(fanout), "bench").up()
-    workers = [subprocess.Popen(h.worker_args(PORT), env=_env(), stdout=subprocess.DEVNULL) for h in net.hosts]
+    folder = tempfile.mkdtemp()
+    credentials = Credentials.new(os.path.join(folder, "credentials"))
+    workers = [
+        subprocess.Popen(h.worker_args(PORT, str(credentials.folder)), env=_env(), stdout=subprocess.DEVNULL)
+        for h in net.hosts
+    ]
     try:
         links = {f"link x{s} (iperf3)": link_rate(net, s) for s in (1, 2)}
-        enable_transport(f"tcp://{net.gateway}:0")
-        hosts = attach_to_workers(ca="trust_all_connections", workers=[f"tcp://{h.ip}:{PORT}" for h in net.hosts])
+        credentials.use(net.gateway)
+        enable_transport(f"tls://{net.gateway}:0")
+        hosts = attach_to_workers(ca="trust_all_connections", workers=[f"tls://{h.ip}:{PORT}" for h in net.hosts])
         rows = []
         for mb in sizes_mb:
             size = mb << 20
             n = reps or (5 if mb <= 64 else 3 if mb <= 256 else 2)
-            seconds = mesh_seconds(hosts, size, fanout, n, streams)
+            seconds = mesh_seconds(hosts, net.hosts[0].ip, size, fanout, n, streams)
             for k in fanout:
                 seconds[f"gloo x{k}"] = gloo_seconds(net, size, k + 1, n)
             rows.append((mb, {m: size / s / 1e9 for m, s in seconds.items()}))
@@ -157,6 +171,7 @@ def run(sizes_mb: list[int], fanout: list[int], reps: int = 0, streams: int = 4)
             w.kill()
             w.wait()
         net.down()
+        shutil.rmtree(folder, ignore_errors=True)
     print(
         f"\ncross-host weight refresh GB/s (median), {len(net.hosts)} namespace hosts on one bridge, "
         f"{os.cpu_count()} cores, {streams} TCP streams per generator; xN = N generator hosts at once (GB/s of the "

@@ -16,16 +16,17 @@ import os
 import statistics
 import time
 
+from forge_nb.session import Session
+
 
 def session_refresh(model: str, engine: str, lora: dict | None, refreshes: int) -> dict[str, float]:
     """One session on `model` with `engine` (full training, or a `lora` adapter): rollout, train, sync,
     `refreshes` + 1 times -> bytes per refresh, median seconds (transfer + load), transfer seconds and
     rollout seconds (what serving the adapter costs generation), the first refresh left out (it maps the
     publisher's buffers)."""
-    import forge_nb
 
     extra = {"lora": lora} if lora else {}
-    s = forge_nb.up(model=model, engine=engine, prompts_per_step=2, group_size=2, max_tokens=8, lr=1e-5, **extra)
+    s = Session.up(model=model, engine=engine, prompts_per_step=2, group_size=2, max_tokens=8, lr=1e-5, **extra)
     try:
         reports, rollouts = [], []
         for _ in range(refreshes + 1):

@@ -21,6 +21,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import secrets
+import shutil
 import statistics
 import subprocess
 import sys
@@ -40,6 +42,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [os.path.dirname(HERE), HERE, os.environ.get("PYTHONPATH")]))
 
 TENSORS = 8  # the "model" is this many equal fp32 tensors, [rows, 1024] each
+SECRET = secrets.token_bytes(32)  # the streams' secret, as a session's (procs get this process's as an argument)
 COLS = 1024
 
 
@@ -49,9 +52,10 @@ def _rows(size_bytes: int) -> int:
 
 class TrainerRank(Actor):
     """One of 2 trainer ranks: its half of each tensor (rows split as FSDP2 splits dim 0), a shard-direct
-    publisher, and on rank 0 a whole-model publisher for the gather pattern."""
+    publisher, and on rank 0 a whole-model publisher for the gather pattern; each serves its TCP streams at its
+    host's address in `hosts` (by rank) to readers that prove `secret`, as a session's trainer does."""
 
-    def __init__(self, size_bytes: int) -> None:
+    def __init__(self, size_bytes: int, secret: bytes = SECRET, hosts: tuple[str, ...] = ()) -> None:
         torch.set_num_threads(1)
         dist.init_process_group("gloo")
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
@@ -60,10 +64,11 @@ class TrainerRank(Actor):
         start = self.rank * share
         self.shards = [(f"layer{i}.weight", torch.full((min(share, rows - start), COLS), 1.0)) for i in range(TENSORS)]
         spans = {name: (start, rows) for name, _ in self.shards}
-        self.sharded = WeightPublisher(self.shards, 0, rows=spans, rank=self.rank, ranks=self.world)
+        streams = {"stream_secret": secret, "stream_host": hosts[self.rank] if hosts else "127.0.0.1"}
+        self.sharded = WeightPublisher(self.shards, 0, rows=spans, rank=self.rank, ranks=self.world, **streams)
         self.whole_rows = rows
         whole = [(name, torch.empty(rows, COLS)) for name, _ in self.shards]
-        self.gathered = WeightPublisher(whole, 0) if self.rank == 0 else None
+        self.gathered = WeightPublisher(whole, 0, **streams) if self.rank == 0 else None
         self.version = 0
 
     @endpoint
@@ -136,8 +141,11 @@ def seconds(trainer, generators: list, size_bytes: int, reps: int, transport: st
     sharded = [p[0] for p in pairs]
     gathered = next(p[1] for p in pairs if p[1] is not None)
     if transport == "tcp":
-        sharded = [dataclasses.replace(m, stream=dataclasses.replace(m.stream, streams=4)) for m in sharded]
-        gathered = dataclasses.replace(gathered, stream=dataclasses.replace(gathered.stream, streams=4))
+
+        def read(m):  # 4 streams, and the secret the session would give
+            return dataclasses.replace(m, stream=dataclasses.replace(m.stream, streams=4, secret=SECRET))
+
+        sharded, gathered = [read(m) for m in sharded], read(gathered)
     for g in generators:
         assert wait(g.attach.call_one(sharded, gathered, transport)) == transport
     wait(trainer.unlink.call())
@@ -161,7 +169,7 @@ def on_one_host(size_bytes: int, reps: int) -> dict:
     generator_procs = this_host().spawn_procs(per_host={"procs": 2}, name="generator")
     try:
         start_gang(trainer_procs, "127.0.0.1")
-        trainer = trainer_procs.spawn("trainer", TrainerRank, size_bytes)
+        trainer = trainer_procs.spawn("trainer", TrainerRank, size_bytes, SECRET)  # a proc's own SECRET differs
         generators = [generator_procs.spawn("generator", Generator, size_bytes).slice(procs=i) for i in range(2)]
         return seconds(trainer, generators, size_bytes, reps, "shm")
     finally:
@@ -171,23 +179,32 @@ def on_one_host(size_bytes: int, reps: int) -> dict:
 
 def across_hosts(sizes_mb: list[int], reps: int) -> dict[int, dict]:
     """Trainer ranks on hosts 1 and 2, generators on hosts 3 and 4 (each host a namespace with its own link)."""
+    import tempfile
+
     from monarch.actor import attach_to_workers, enable_transport
     from weight_refresh_hosts import PORT, _env
 
+    from forge_nb.launch.credentials import Credentials
     from forge_nb.testing.netns_hosts import HostNet
 
     net = HostNet(4, "shard").up()
-    workers = [subprocess.Popen(h.worker_args(PORT), env=_env(), stdout=subprocess.DEVNULL) for h in net.hosts]
+    credentials = Credentials.new(os.path.join(tempfile.mkdtemp(), "credentials"))
+    workers = [
+        subprocess.Popen(h.worker_args(PORT, str(credentials.folder)), env=_env(), stdout=subprocess.DEVNULL)
+        for h in net.hosts
+    ]
     try:
-        enable_transport(f"tcp://{net.gateway}:0")
-        hosts = attach_to_workers(ca="trust_all_connections", workers=[f"tcp://{h.ip}:{PORT}" for h in net.hosts])
+        credentials.use(net.gateway)
+        enable_transport(f"tls://{net.gateway}:0")
+        hosts = attach_to_workers(ca="trust_all_connections", workers=[f"tls://{h.ip}:{PORT}" for h in net.hosts])
         out = {}
         for mb in sizes_mb:
             trainer_procs = hosts.slice(hosts=slice(0, 2)).spawn_procs(per_host={"procs": 1}, name="trainer")
             generator_procs = [hosts.slice(hosts=i).spawn_procs(per_host={"procs": 1}, name=f"gen{i}") for i in (2, 3)]
             try:
                 start_gang(trainer_procs, net.hosts[0].ip)
-                trainer = trainer_procs.spawn("trainer", TrainerRank, mb << 20)
+                ranks_at = (net.hosts[0].ip, net.hosts[1].ip)
+                trainer = trainer_procs.spawn("trainer", TrainerRank, mb << 20, SECRET, ranks_at)
                 generators = [p.spawn("generator", Generator, mb << 20) for p in generator_procs]
                 out[mb] = seconds(trainer, generators, mb << 20, reps, "tcp")
             finally:
@@ -201,6 +218,7 @@ def across_hosts(sizes_mb: list[int], reps: int) -> dict[int, dict]:
             w.kill()
             w.wait()
         net.down()
+        shutil.rmtree(credentials.folder.parent, ignore_errors=True)
 
 
 def across_hosts_in_a_child(sizes_mb: list[int], reps: int) -> dict[int, dict]:

@@ -1,5 +1,6 @@
 """`forge-nb` command line: `demo` runs the default session; `bench NAME` runs benchmarks/NAME.py;
-`export PATH` writes a standalone script + sbatch file for a config."""
+`export PATH` writes a standalone script + sbatch file for a config; `ps` and `down` list and end sessions;
+`credentials new|show [DIR]` makes and checks the CA your hosts' workers hold."""
 
 from __future__ import annotations
 
@@ -134,6 +135,15 @@ def main(argv: list[str] | None = None) -> None:
     dn = sub.add_parser("down", help="end sessions (every proc and the server) and clear those gone")
     dn.add_argument("names", nargs="*", help="session names (see forge-nb ps)")
     dn.add_argument("--all", action="store_true", help="every session of this user")
+    sub.add_parser(
+        "credentials", add_help=False, help="make (new) or check (show) the CA of your hosts' workers: --help says more"
+    )
+    if argv is None:
+        argv = sys.argv[1:]
+    if argv[:1] == ["credentials"]:
+        from forge_nb.launch.credentials import main as credentials
+
+        raise SystemExit(credentials(argv[1:]))
     args = parser.parse_args(argv)
     if args.command == "bench":
         return bench(args.name, args.args)

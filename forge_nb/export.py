@@ -16,8 +16,9 @@
   ``$FORGE_NB_PYTHON`` if set, else ``python3`` on the job's PATH (sbatch gives the job the submitting
   shell's environment, Slurm's ``--export=ALL`` default: activate the environment that has forge_nb --
   a venv, conda, a module -- before ``sbatch run.sbatch``), never this machine's interpreter. A job of several
-  nodes (``slurm.nodes``) starts a forge_nb worker on each (``srun``) and runs ``run.py --hosts`` with
-  them: the session's shape (``mesh.trainer_hosts``, ``mesh.generator_hosts``) over the job's nodes.
+  nodes (``slurm.nodes``) makes a CA of its own in the bundle's folder, starts a forge_nb worker holding it on
+  each node (``srun``) and runs ``run.py --hosts --credentials`` with them: the session's shape
+  (``mesh.trainer_hosts``, ``mesh.generator_hosts``) over the job's nodes, over mutual TLS.
 """
 
 from __future__ import annotations
@@ -135,14 +136,18 @@ def sbatch_script(config: Config, out: Path) -> str:
 
 
 def _multi_node(python: str, run: str) -> list[str]:
-    """A forge_nb worker on every node of the job (one srun step, at the node's name and a port derived
-    from the job id), then run.py on the first node with all of them as its hosts."""
-    worker = f"exec {python} -m forge_nb.launch.worker tcp://$(hostname):$PORT"  # PYTHON: exported, srun passes it
+    """The job's own CA (in the bundle's folder, which every node sees: ``--chdir``), a forge_nb worker holding
+    it on every node of the job (one srun step, at the node's name and a port derived from the job id), then
+    run.py on the first node with all of them as its hosts and the same CA; the CA goes when the job ends."""
+    # PYTHON and CREDENTIALS: exported, srun passes them
+    worker = f'exec {python} -m forge_nb.launch.worker tls://$(hostname):$PORT --credentials "$CREDENTIALS"'
     return [
         "export PORT=$((20000 + SLURM_JOB_ID % 20000))",
+        'export CREDENTIALS="$PWD/credentials-$SLURM_JOB_ID"  # this job\'s CA: its ca.key is the secret (0600)',
+        f'{python} -m forge_nb.launch.credentials new "$CREDENTIALS" > /dev/null',
         f"srun --ntasks-per-node=1 sh -c {shlex.quote(worker)} &",
         "WORKERS=$!",
-        "trap 'kill $WORKERS 2>/dev/null || true' EXIT",
-        'HOSTS=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | sed "s|.*|tcp://&:$PORT|" | paste -sd, -)',
-        f'{python} {run} --hosts "$HOSTS"',
+        """trap 'kill $WORKERS 2>/dev/null || true; rm -rf "$CREDENTIALS"' EXIT""",
+        'HOSTS=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | sed "s|.*|tls://&:$PORT|" | paste -sd, -)',
+        f'{python} {run} --hosts "$HOSTS" --credentials "$CREDENTIALS"',
     ]

@@ -43,5 +43,13 @@ class MetricsStream:
         with self._lock:
             return [r for r in self._rows if kind is None or r["kind"] == kind]
 
+    def since(self, first: int) -> list[dict[str, Any]]:
+        """The rows from index `first` on (every kind, in order)."""
+        with self._lock:
+            return self._rows[first:]
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
     def to_pandas(self, kind: str | None = None) -> pd.DataFrame:
         return pd.DataFrame(self.rows(kind))

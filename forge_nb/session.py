@@ -1,4 +1,5 @@
-"""Session: the kernel-held controller of one RL post-training run on a Monarch mesh.
+"""Session: the controller of one RL post-training run on a Monarch mesh (what a session's server holds, or a script
+in its own process).
 
     s = Session.up()            # generator, trainer and reward actors in their own procs
     r = s.rollout()             # generate P x G samples, score them, group-relative advantages
@@ -14,6 +15,7 @@ flows one way: session -> step -> fleet -> actors -> engines and algorithms; not
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
@@ -42,7 +44,8 @@ from forge_nb.rl.episode import Episode
 from forge_nb.rl.rollout import Rollout
 from forge_nb.run import checkpoint_files
 from forge_nb.run.checkpoints import Checkpoints
-from forge_nb.runtime import lifecycle
+from forge_nb.runtime import lifecycle, refusals
+from forge_nb.runtime.refusals import Refusals
 from forge_nb.state import RunState, SessionError, new_run_dir
 from forge_nb.status import session_status
 from forge_nb.step import StepRow
@@ -73,6 +76,11 @@ class Session:
         self.training_lock = threading.RLock()
         self.runs = RunSlot()
         self.tinker: Any = None  # `server.tinker.TinkerEndpoint` once `serve_tinker` started it
+        # Connections the session's listeners refused, as "security" events (at most one a second).
+        self._refused = Refusals(report=lambda what: self._event("security", what))
+        self._refused_seen: dict[str, int] = {}
+        self._refused_polled = 0.0
+        self._refused_lock = threading.Lock()
 
     # -- start and stop ------------------------------------------------------------------------------
     @classmethod
@@ -124,6 +132,7 @@ class Session:
             self.live_code.connect(fleet, self.generation_lock, self.training_lock, state, self.probe_samples)
             self.agents.connect(fleet.envs, self.generation_lock, lambda a: evaluation.probe_agents(fleet, state, a))
             self.agents.restore()
+            self.note_refusals(procs=True, report=False)  # what a host's worker refused before this session started
             heap.hold(self)  # the start-up heap out of full collections while this session is up
             if cfg.session.tinker_port is not None:
                 self.serve_tinker(cfg.session.tinker_host, cfg.session.tinker_port)
@@ -136,6 +145,22 @@ class Session:
     def _event(self, role: str, what: str) -> None:
         """Something happened to the mesh (a proc replaced, ...): on the metrics stream, in `status()`."""
         self.state.metrics.emit("event", step=self.state.step_count, role=role, what=what)
+
+    def note_refusals(self, procs: bool = False, report: bool = True) -> None:
+        """Connections refused since the last look, said in one "security" event at most once a second: those of
+        this process's listeners (the session's socket, its agents' endpoint, its Monarch port) and, with `procs`,
+        those of its procs (a trainer's weights streams, env procs' endpoints) and of their hosts' workers
+        (`runtime.refusals`). `report` False: only take note (what came before this session)."""
+        totals = refusals.REFUSED.totals()
+        fleet = self.fleet
+        if procs and fleet is not None:
+            for key, count in fleet.refusals().items():
+                totals[key] = max(totals.get(key, 0), count)
+        with self._refused_lock:
+            if report:
+                self._refused.add(totals, self._refused_seen)
+            else:
+                self._refused_seen.update({k: max(v, self._refused_seen.get(k, 0)) for k, v in totals.items()})
 
     @property
     def is_up(self) -> bool:
@@ -236,6 +261,9 @@ class Session:
     def after_step(self, row: StepRow, rollout: Rollout, train: dict[str, Any]) -> None:
         """At the step boundary: evaluation and a checkpoint when due; the trackers hear of new live-code
         versions; the watch checks its conditions and, when one fires, pauses the run."""
+        if time.monotonic() - self._refused_polled >= refusals.POLL_S:
+            self._refused_polled = time.monotonic()
+            self.note_refusals(procs=True)
         if self.state.eval_due():
             self.evaluate()
         if self.checkpoints.due(self.state.step_count):
@@ -287,6 +315,11 @@ class Session:
     def probe_samples(self, n: int) -> list[Episode]:
         """`n` fresh samples of held-out prompts for validating live code before the first rollout."""
         return evaluation.probe_samples(self._require_up(), self.state, n)
+
+    def prompt(self, i: int = 0) -> str:
+        """Held-out problem `i`'s prompt as the model sees it: the task's prompt format and, for a chat model, the
+        tokenizer's chat template (system prompt included)."""
+        return self.state.prompts.render(self.state.task.eval_set()[i])[0]
 
     def generate(
         self, prompt: str | list[dict], n: int = 1, temperature: float | None = None, max_tokens: int | None = None
@@ -453,9 +486,10 @@ class Session:
     def unwatch(self) -> None:
         self.watcher = None
 
-    def checksums(self) -> dict[str, tuple[int, str]]:
-        """(version, weights checksum) of trainer and generator: equal after a torch engine's sync (vLLM: its own)."""
-        return self._require_up().checksums()
+    def checksums(self, *roles: str) -> dict[str, tuple[int, str]]:
+        """(version, weights checksum) of trainer and generator: equal after a torch engine's sync (vLLM: its own).
+        `roles` ("trainer", "generator", "generator_replicas") reads only those."""
+        return self._require_up().checksums(*roles)
 
     # -- checkpoints and export ----------------------------------------------------------------------------
     def save(self, path: str | Path) -> Path:

@@ -27,12 +27,15 @@ AGENT_COLUMNS = ["turns", "segment", "tool_calls", "tool_errors", "trained_token
 
 def samples_table(buffer: ReplayBuffer, n: int = 16) -> pd.DataFrame:
     """The last `n` samples: prompt (as the model saw it), completion, target, the weighted reward
-    and each reward's own score (``reward/<name>``), for trajectories their model calls (`turns`), tool
-    calls and errors and trained (policy) tokens, advantage, and the versions that made them."""
+    and each reward's own score (``reward/<name>``, when several rewards are live: with one, it is `reward`), for
+    trajectories their model calls (`turns`), tool calls and errors and trained (policy) tokens, advantage, and the
+    versions that made them."""
     df = buffer.to_pandas(n)
     if df.empty:
         return pd.DataFrame(columns=SAMPLE_COLUMNS).set_index("sample_id")
     members = sorted(c for c in df.columns if c.startswith("reward/"))
+    if members == ["reward/reward"]:  # the one live reward: its score is the `reward` column
+        members = []
     agent = [c for c in AGENT_COLUMNS if c in df.columns]  # present once an agent rollout made samples
     columns = SAMPLE_COLUMNS[:5] + members + agent + SAMPLE_COLUMNS[5:]
     return df[columns].set_index("sample_id").round({c: 3 for c in ["reward", "advantage", *members]})

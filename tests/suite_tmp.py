@@ -24,10 +24,13 @@ from pathlib import Path
 
 ENV = "FORGE_NB_SUITE_TMP"  # the run's folder; set once, by the first pytest process (the controller)
 RUNS = "runs"  # FORGE_NB_RUNS, the sessions' run directories: removed with the folder, not a leftover
+#: FORGE_NB_RUNTIME_DIR, the run's session servers' folders (socket, key, info): a test's `forge-nb down --all`
+#: ends the run's sessions, not the user's own; a session's folder left there is a leftover.
+SESSIONS = "sessions"
 #: Folders of this user on this host that outlive a process by design, not leftovers: kernels' output logs
-#: (mesh/quiet.py, kept for a look after a kernel ended), what procs said before they ended themselves
-#: (mesh/last_words.py, emptied by the session that reads it), the host workers' fork servers' sockets
-#: (mesh/workerforks.py, each removed with its server).
+#: (launch/quiet.py, kept for a look after a kernel ended), what procs said before they ended themselves
+#: (runtime/last_words.py, emptied by the session that reads it), the host workers' fork servers' sockets
+#: (launch/forks/on_workers.py, each removed with its server).
 PER_USER = (f"forge_nb-{getpass.getuser()}", f"forge_nb-last-words-{os.getuid()}", f"forge_nb-forks-{os.getuid()}")
 #: torch's compile cache: vLLM's CPU build puts its precompiled headers (156 MB) in <tmp>/torchinductor_<user>
 #: whatever TORCHINDUCTOR_CACHE_DIR says; each process's folder links it to the system's, kept across runs.
@@ -47,6 +50,7 @@ def set_up() -> Path:
         os.environ[ENV] = tempfile.mkdtemp(prefix="forge_nb-suite-")
         atexit.register(shutil.rmtree, os.environ[ENV], ignore_errors=True)  # (the cache link, not the cache)
     os.environ.setdefault("FORGE_NB_RUNS", os.path.join(os.environ[ENV], RUNS))
+    os.environ.setdefault("FORGE_NB_RUNTIME_DIR", os.path.join(os.environ[ENV], SESSIONS))
     own = Path(os.environ[ENV]) / os.environ.get("PYTEST_XDIST_WORKER", "main")
     own.mkdir(parents=True, exist_ok=True)
     cache = Path(os.environ.get("TORCHINDUCTOR_CACHE_DIR") or Path(os.environ[ENV]).parent / INDUCTOR)

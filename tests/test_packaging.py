@@ -305,7 +305,7 @@ try:
     pids = sorted(p for ps in s.pids.values() for p in ps)
     steps = s.step(1)
     version = s.set_reward(reward)
-    rollout = s.rollout()
+    rollout = s.rollout().episodes  # (a rollout's samples stay in the session's server: read them while it is up)
     synced = s.sync()
 finally:
     s.down()
@@ -314,7 +314,7 @@ print("SMOKE " + json.dumps({
     "pids": pids,
     "trained": int(steps.index[-1]),
     "reward_version": version,
-    "rollout": [[e.reward_version, e.reward, reward(e.prompt, e.completion, e.target)] for e in rollout.episodes],
+    "rollout": [[e.reward_version, e.reward, reward(e.prompt, e.completion, e.target)] for e in rollout],
     "synced_version": synced["version"],
     "torch": torch.__version__,
     "transformers": transformers.__version__,

@@ -37,6 +37,7 @@ def test_train_then_sync_makes_generator_weights_equal_the_trainers(session):
     assert metrics["policy_version"] == before["trainer"][0] + 1
     mid = session.checksums()
     assert mid["generator"] == before["generator"]  # nothing moves until sync
+    assert session.checksums("generator") == {"generator": mid["generator"]}  # the trainer's not read
     assert mid["trainer"][1] != before["trainer"][1]
     report = session.sync()
     assert report["version"] == before["generator"][0] + 1 and not report["skipped"]

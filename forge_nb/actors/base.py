@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from monarch.actor import Actor, endpoint
 
 from forge_nb import heap
-from forge_nb.runtime import last_words
+from forge_nb.runtime import last_words, refusals
 
 
 @dataclass(frozen=True)
@@ -73,6 +73,11 @@ class ForgeActor(_Started, Actor):
         """Answers once the constructor has finished (or raises its error) -> who and where."""
         return self._info
 
+    @endpoint
+    def refusals(self) -> dict[str, int]:
+        """What this proc's listeners (a trainer's weights streams) and its host's worker refused so far."""
+        return refusals.process_totals()
+
 
 class AsyncForgeActor(_Started, Actor):
     """Base of the actors with async endpoints (the generator)."""
@@ -81,3 +86,8 @@ class AsyncForgeActor(_Started, Actor):
     async def ready(self) -> ActorInfo:
         """Answers once the constructor has finished (or raises its error) -> who and where."""
         return self._info
+
+    @endpoint
+    async def refusals(self) -> dict[str, int]:
+        """What this proc's listeners (an env proc's agents' endpoint) and its host's worker refused so far."""
+        return refusals.process_totals()

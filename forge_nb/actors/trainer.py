@@ -63,6 +63,10 @@ class TrainerSpec(ModelSpec):
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     procs: int = 1  # the gang's size (mesh.trainer_procs): every proc gets this same spec
     version: int = 0  # the policy version fresh weights are published as (a Tinker create_model's: the next one)
+    # Where each rank serves its weights streams (its host's address on the mesh's network, by rank) and the
+    # session's secret its readers prove (`weights.stream`); set by the fleet, never in a config or a checkpoint.
+    stream_hosts: tuple[str, ...] = ()
+    stream_secret: bytes = field(default=b"", repr=False)
 
     @classmethod
     def from_config(cls, config: Config, pad_id: int, loss: LiveCode) -> TrainerSpec:
@@ -154,6 +158,8 @@ class Trainer(ForgeActor):
             ranks=ranks,
             device=self.policy.device if on_gpu else None,
             host=spec.transport != "cuda_ipc",
+            stream_secret=spec.stream_secret,
+            stream_host=spec.stream_hosts[rank] if rank < len(spec.stream_hosts) else "127.0.0.1",
         )
         self._group_spec: GroupSpec | None = None  # weights.transport "group": this rank's broadcast group
         self._group: GroupSender | None = None

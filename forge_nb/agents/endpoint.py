@@ -9,7 +9,9 @@
 Every request carries the endpoint's token (``Authorization: Bearer <token>``, what `api_key` sends);
 the trajectory id in the path picks the server-side `AgentClient` that records the call's exact
 token ids and logprobs (`agents.client`), so every check of a conversation holds here as in process.
-The routes and the request/response shapes are in `agents.http_api`.
+The routes and the request/response shapes are in `agents.http_api`. A request without the token (401),
+bytes that are not HTTP, and a connection that sends nothing for `FIRST_BYTES_S` (`runtime.http_thread`; uvicorn
+itself would hold it for ever) are refused and counted (`runtime.refusals`): the session says so in its events.
 
 A trajectory's calls run on the event loop that opened it (where its batcher gathers the calls of many
 trajectories into one generator batch); one opened outside any loop runs on the server's own loop.
@@ -65,7 +67,8 @@ class Endpoint:
         from forge_nb.agents.http_api import make_app
 
         try:
-            self._http = HttpThread(make_app(self), self.host, self.port, "forge-endpoint").start()
+            http = HttpThread(make_app(self), self.host, self.port, "forge-endpoint", "agents endpoint")
+            self._http = http.start()
         except OSError as e:
             raise EndpointError(f"the endpoint did not start on {self.host}:{self.port}: {e}") from e
         self.port = self._http.port
@@ -83,6 +86,11 @@ class Endpoint:
     @property
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
+
+    @property
+    def name(self) -> str:
+        """How its refusals name it (`runtime.refusals`)."""
+        return f"agents endpoint {self.host}:{self.port}"
 
     # -- trajectories ------------------------------------------------------------------------------
     def open(self, client: AgentClient) -> str:

@@ -36,6 +36,7 @@ from starlette.routing import Route
 
 from forge_nb.agents import responses_api, streaming
 from forge_nb.agents.client import ConversationError, RolloutLimit
+from forge_nb.runtime.refusals import REFUSED
 
 Endpoint = Any  # `agents.endpoint.Endpoint` (not imported: it imports this module to serve)
 
@@ -68,6 +69,9 @@ def make_app(endpoint: Endpoint) -> Starlette:
                 _authorize(request, endpoint.token)
                 return await handler(request, endpoint)
             except ApiError as e:
+                if e.status == 401:
+                    client = request.client
+                    REFUSED.refused(endpoint.name, "no token", f"{client.host}:{client.port}" if client else "")
                 return e.response()
             except Exception as e:  # noqa: BLE001 - a bug here answers in OpenAI's shape, the server goes on
                 return ApiError(500, f"forge_nb endpoint: {type(e).__name__}: {e}", "server_error").response()

@@ -115,7 +115,10 @@ class EngineConfig:
 @dataclass
 class MeshConfig:
     kind: str = "local"  # "local" (this host), "slurm" (a Slurm job) or "hosts" (the workers at `hosts`)
-    hosts: list[str] = field(default_factory=list)  # kind "hosts": tcp://HOST:PORT of each host's worker
+    hosts: list[str] = field(default_factory=list)  # kind "hosts": tls://HOST:PORT of each host's worker
+    # kind "hosts": the folder of the CA the workers were started with (`forge-nb credentials new`); "": the
+    # default, ~/.forge_nb/credentials. Its ca.key is the secret (docs/guides/security.md).
+    credentials: str = ""
     generator_procs: int = 1  # generator replicas: prompts are split over them; refreshes run in parallel
     trainer_procs: int = 1  # > 1: the trainer is a gang of this many procs, FSDP2 over one process group
     reward_procs: int = 1
@@ -130,9 +133,11 @@ class MeshConfig:
     def validate(self) -> None:
         _choice("mesh.kind", self.kind, ("local", "slurm", "hosts"))
         if not isinstance(self.hosts, list) or not all(isinstance(h, str) and h for h in self.hosts):
-            raise ConfigError(f"mesh.hosts must be a list of tcp://HOST:PORT strings, got {self.hosts!r}")
+            raise ConfigError(f"mesh.hosts must be a list of tls://HOST:PORT strings, got {self.hosts!r}")
         if self.kind == "hosts" and not self.hosts:
-            raise ConfigError("mesh.kind='hosts' needs mesh.hosts: tcp://HOST:PORT of each host's forge_nb worker")
+            raise ConfigError("mesh.kind='hosts' needs mesh.hosts: tls://HOST:PORT of each host's forge_nb worker")
+        if not isinstance(self.credentials, str):
+            raise ConfigError(f"mesh.credentials must be a folder's path, got {self.credentials!r}")
         _at_least("mesh.reward_procs", self.reward_procs, 1)
         _at_least("mesh.generator_procs", self.generator_procs, 1)
         _at_least("mesh.trainer_procs", self.trainer_procs, 1)

@@ -12,6 +12,7 @@ again), `weight_sync` (attach and refresh; the only writer of the policy version
 from __future__ import annotations
 
 import dataclasses
+import secrets
 import socket
 import time
 from collections.abc import Callable
@@ -126,7 +127,15 @@ class Fleet:
         served_on = self.placement.device("generator", config.model.device)
         self._generator_spec = dataclasses.replace(GeneratorSpec.from_config(config, engine), device=served_on)
         device = self.placement.device("trainer", config.model.device)
-        self._trainer_spec = dataclasses.replace(TrainerSpec.from_config(config, pad_id, loss), device=device)
+        # The weights streams' secret (`weights.stream`): made here, handed to the trainer in its spec and to the
+        # generators in the manifest (`weight_sync`); each rank serves at its host's address on the mesh's network.
+        self.stream_secret = secrets.token_bytes(32)
+        self._trainer_spec = dataclasses.replace(
+            TrainerSpec.from_config(config, pad_id, loss),
+            device=device,
+            stream_hosts=mesh.addresses_of("trainer", m.trainer_procs),
+            stream_secret=self.stream_secret,
+        )
         self.gang = config.trainer.sharded(m.trainer_procs)
         # a rank whose peers answered a call and that does not answer this much later is hung (`GangFuture`)
         self.straggler_s = config.trainer.collective_timeout_s if self.gang else None
@@ -179,6 +188,23 @@ class Fleet:
         errors = self.mesh.stop()
         last_words.heard(pid for role in self.info for pid in self.local_pids(role))  # words nobody will report
         return errors
+
+    def refusals(self, timeout_s: float = 5.0) -> dict[str, int]:
+        """What the listeners of every proc (trainer ranks' weights streams, env procs' endpoints) and of their
+        hosts' workers refused so far, ``"LISTENER: WHY"`` -> count. A role that does not answer in `timeout_s`
+        (busy, or gone: recovery deals with that at its next call) is left out this time."""
+        roles = [self.trainer, self.generator, self.rewards] + ([self.envs.actors] if self.envs.running else [])
+        calls = [actors.refusals.call() for actors in roles]
+        found: dict[str, int] = {}
+        for call in calls:
+            try:
+                answers = wait(call, timeout_s).values()
+            except Exception:
+                continue
+            for totals in answers:
+                for key, count in totals.items():
+                    found[key] = max(found.get(key, 0), count)
+        return found
 
     # -- who runs where --------------------------------------------------------------------------------
     @property
@@ -412,14 +438,19 @@ class Fleet:
     def unlink_shared_memory(self) -> None:
         on_gang(self.trainer, "unlink_shared_memory")
 
-    def checksums(self) -> dict[str, Any]:
-        """(version, weights checksum) of the trainer, generator replica 0 and every replica: a debugging aid
-        (each gathers every whole tensor of its weights)."""
-        return {
-            "trainer": on_gang(self.trainer, "checksum"),
-            "generator": wait(self.generator.slice(procs=0).checksum.call_one()),
-            "generator_replicas": list(wait(self.generator.checksum.call()).values()),
+    def checksums(self, *roles: str) -> dict[str, Any]:
+        """(version, weights checksum) of the trainer, generator replica 0 and every replica (`roles`: only those of
+        "trainer", "generator", "generator_replicas"): a debugging aid (each gathers every whole tensor of its
+        weights). Naming roles reads nothing of the others (a generator's weights while the trainer's host is away)."""
+        reads = {
+            "trainer": lambda: on_gang(self.trainer, "checksum"),
+            "generator": lambda: wait(self.generator.slice(procs=0).checksum.call_one()),
+            "generator_replicas": lambda: list(wait(self.generator.checksum.call()).values()),
         }
+        unknown = set(roles) - set(reads)
+        if unknown:
+            raise ValueError(f"checksums: no role {sorted(unknown)}; one of {list(reads)}")
+        return {role: read() for role, read in reads.items() if not roles or role in roles}
 
     # -- roles started afresh (`recovery` decides when) ----------------------------------------------------
     def replace(self, role: str, cause: str) -> None:
@@ -506,7 +537,7 @@ def _start_mesh(config: Config, placement: Placement) -> LocalMesh:
     if config.mesh.kind == "hosts":
         from forge_nb.launch.hosts import HostsMesh
 
-        return HostsMesh(config.mesh.hosts, placement)
+        return HostsMesh(config.mesh.hosts, placement, config.mesh.credentials)
     if config.mesh.kind == "local":
         return LocalMesh(placement)
     mesh = SlurmMesh(config.slurm, placement, slurm_nodes(config))

@@ -98,9 +98,12 @@ class WeightSync:
         return report
 
     def _with_stream_options(self, manifest: WeightManifest) -> WeightManifest:
-        """The trainer says where it serves its TCP streams; the config says how generators read them."""
+        """The trainer says where it serves its TCP streams; the config says how generators read them; the
+        session gives them the secret the streams ask for (which the trainer never sends back)."""
         if manifest.stream is None:
             return manifest
         c = self.config
-        stream = dataclasses.replace(manifest.stream, streams=c.streams, timeout_s=c.stream_timeout_s)
+        stream = dataclasses.replace(
+            manifest.stream, streams=c.streams, timeout_s=c.stream_timeout_s, secret=self.fleet.stream_secret
+        )
         return dataclasses.replace(manifest, stream=stream)

@@ -1,16 +1,17 @@
 """Hosts mesh: the session's roles in procs on hosts a user already has (`mesh.kind="hosts"`).
 
-Each host runs a Monarch worker (``python -m forge_nb.launch.worker tcp://ADDRESS:PORT``, started over
+Each host runs a Monarch worker (``python -m forge_nb.launch.worker tls://ADDRESS:PORT``, started over
 ssh, by a scheduler, or in a network namespace by `forge_nb.testing.netns_hosts`), and `mesh.hosts`
 lists their addresses. The kernel attaches to them (`monarch.actor.attach_to_workers`, as Monarch's
-own SSH and process jobs do) and spawns each role's procs there, exactly as `LocalMesh` does on this
+own SSH and process jobs do) over mutual TLS, with a certificate of the CA in `mesh.credentials` that the
+workers hold too (`launch.credentials`), and spawns each role's procs there, exactly as `LocalMesh` does on this
 host, on the hosts the placement plan gives (`launch.placement.shape`: the trainer and a reference model
 on the first `mesh.trainer_hosts` hosts; generator replicas on the next; reward procs, judges and the
 live-code checker on the last host; with one host every role runs on it). `PlacedMesh` is that part,
 shared with the Slurm mesh, and the check that a host is gone (`HostLost`) before procs are started
 there again.
 
-The workers dial the kernel back, so the kernel must listen on TCP at an address they reach: the one
+The workers dial the kernel back, so the kernel must listen (TLS too) at an address they reach: the one
 its routing table picks towards the first host. Monarch fixes a process's transport at its first
 call, so a hosts session must be the first Monarch use of its controller's process (`HostsError`
 otherwise): a session's server is a process of its own, so through `forge_nb.up` this always holds.
@@ -26,11 +27,13 @@ from urllib.parse import urlparse
 
 from monarch.actor import attach_to_workers, enable_transport
 
+from forge_nb.launch.credentials import Credentials, CredentialsError
 from forge_nb.launch.forks import on_workers as workerforks
 from forge_nb.launch.local import STOP_TIMEOUT_S, LocalMesh, forks_wanted
 from forge_nb.launch.placement import Placement
 from forge_nb.runtime import calls
 from forge_nb.runtime.calls import wait
+from forge_nb.runtime.refusals import REFUSED, StalledHandshakes
 
 ATTACH_TIMEOUT_S = 60.0
 
@@ -40,10 +43,17 @@ class HostsError(RuntimeError):
 
 
 def parse_host(address: str) -> tuple[str, int]:
-    """ "tcp://10.0.0.2:26600" or "10.0.0.2:26600" -> ("10.0.0.2", 26600)."""
-    url = urlparse(address if "://" in address else f"tcp://{address}")
-    if url.scheme != "tcp" or not url.hostname or not url.port:
-        raise HostsError(f"mesh.hosts entry {address!r}: expected tcp://HOST:PORT of a running forge_nb worker")
+    """ "tls://10.0.0.2:26600" or "10.0.0.2:26600" -> ("10.0.0.2", 26600). A worker speaks TLS only: "tcp://"
+    is refused, saying so."""
+    url = urlparse(address if "://" in address else f"tls://{address}")
+    if url.scheme == "tcp":
+        raise HostsError(
+            f"mesh.hosts entry {address!r}: forge_nb workers listen on tls:// only (anyone who reaches a tcp:// "
+            f"worker can run code on it); start it as `python -m forge_nb.launch.worker tls://HOST:PORT` and list "
+            "tls://HOST:PORT (docs/guides/security.md)"
+        )
+    if url.scheme != "tls" or not url.hostname or not url.port:
+        raise HostsError(f"mesh.hosts entry {address!r}: expected tls://HOST:PORT of a running forge_nb worker")
     return url.hostname, url.port
 
 
@@ -68,6 +78,14 @@ PROBE_TIMEOUT_S = 3.0
 #: a host that died took ~60 s here.
 HOST_LOST_AFTER_S = 15.0
 PROBE_EVERY_S = 5.0
+
+
+def listening_ports(address: str) -> set[int]:
+    """The TCP ports this process listens on at `address`."""
+    import psutil
+
+    found = psutil.Process().net_connections("tcp")
+    return {c.laddr.port for c in found if c.status == psutil.CONN_LISTEN and c.laddr.ip == address}
 
 
 def answers(address: str, port: int, timeout: float = PROBE_TIMEOUT_S) -> bool:
@@ -101,6 +119,7 @@ class PlacedMesh(LocalMesh):
         self._silent_since: dict[int, float] = {}  # host -> when its worker was first found not answering
         self._probed = 0.0
         self._placed: dict[str, list[int]] = {}  # each running role -> the host index of each of its procs
+        self._stalled: list[StalledHandshakes] = []  # watchers of this process's Monarch port
 
     def host_indices(self, role: str, procs: int) -> list[int]:
         """The hosts `role`'s `procs` procs start on (one entry per proc, host-major: the plan's)."""
@@ -119,6 +138,10 @@ class PlacedMesh(LocalMesh):
     def master_addr(self, role: str) -> str | None:
         """Where `role`'s gang meets: the address of its first proc's host (which the other hosts reach)."""
         return self.addresses[self.placement.host_indices(role)[0]]
+
+    def addresses_of(self, role: str, procs: int) -> tuple[str, ...]:
+        """The address of the host of each of `role`'s `procs` procs (the one its worker is dialled at)."""
+        return tuple(self.addresses[h] for h in self.host_indices(role, procs))
 
     def placed(self) -> dict[str, list[str]]:
         """Each running role -> the host of each of its procs, for `Session.status`."""
@@ -184,9 +207,14 @@ class PlacedMesh(LocalMesh):
         )
         return HostLost(f"lost: {where}. The run stopped: {why}; {keep}")
 
-    def attached(self) -> None:
-        """The hosts answer: watch them while calls wait (until `stop`)."""
+    def attached(self, listen: str, before: set[int]) -> None:
+        """The hosts answer: watch them while calls wait (until `stop`), and this process's Monarch port at
+        `listen` (what listens there now and did not `before`) for handshakes that never finish."""
         calls.watch(self.watch)
+        self._stalled = [
+            StalledHandshakes(port, f"session's Monarch port {listen}:{port}", REFUSED).start()
+            for port in sorted(listening_ports(listen) - before)
+        ]
 
     def stop(self, timeout: float | None = None) -> list[str]:
         """Stop every proc mesh -> errors, if any. After a host is gone, what is left of each role gets the
@@ -194,6 +222,8 @@ class PlacedMesh(LocalMesh):
         that is cancelled next (`cancels_job`), neither does a stop that ran out: one node's loss ends the
         job step that runs every node's worker, and the stops of procs on the nodes still up took ~50 s."""
         calls.unwatch(self.watch)
+        for watcher in self._stalled:
+            watcher.stop()
         self.gone |= set(self.lost())
         if not self.gone:
             return super().stop(timeout)
@@ -225,32 +255,40 @@ class PlacedMesh(LocalMesh):
 
 
 class HostsMesh(PlacedMesh):
-    """`PlacedMesh` on the workers at `hosts` (tcp://HOST:PORT each)."""
+    """`PlacedMesh` on the workers at `hosts` (tls://HOST:PORT each) that hold the CA at `credentials` ("": the
+    default folder)."""
 
-    def __init__(self, hosts: list[str], placement: Placement) -> None:
+    def __init__(self, hosts: list[str], placement: Placement, credentials: str = "") -> None:
         super().__init__(placement)
         parsed = [parse_host(h) for h in hosts]
         if not parsed:
-            raise HostsError("mesh.kind='hosts' needs mesh.hosts: the tcp://HOST:PORT of each host's worker")
+            raise HostsError("mesh.kind='hosts' needs mesh.hosts: the tls://HOST:PORT of each host's worker")
+        try:
+            ca = Credentials.load(credentials or None)
+        except CredentialsError as e:
+            raise HostsError(f"{e} (mesh.credentials)") from None
         self.addresses, self.ports = [h for h, _ in parsed], [p for _, p in parsed]
         self.names = [f"{h}:{p}" for h, p in parsed]
         listen = route_source(*parsed[0])
+        ca.use(listen)  # this process's certificate, for its own address: the workers dial it back
+        before = listening_ports(listen)
         try:
-            enable_transport(f"tcp://{listen}:0")
+            enable_transport(f"tls://{listen}:0")
         except RuntimeError as e:
             raise HostsError(
-                f"mesh.kind='hosts' needs this kernel to use Monarch over TCP (at {listen}), but Monarch "
+                f"mesh.kind='hosts' needs this kernel to use Monarch over TLS (at {listen}), but Monarch "
                 f"already runs here over another transport ({e}). Restart the kernel and start the hosts "
                 "session before any local one (forge_nb.up() runs each session in a server process of its own, "
                 "where this cannot happen)."
             ) from None
-        self.hosts = attach_to_workers(ca="trust_all_connections", workers=[f"tcp://{h}:{p}" for h, p in parsed])
+        self.hosts = attach_to_workers(ca="trust_all_connections", workers=[f"tls://{h}:{p}" for h, p in parsed])
         try:
             wait(self.hosts.initialized, ATTACH_TIMEOUT_S)
         except Exception as e:
             raise HostsError(
                 f"could not attach to the workers at {hosts} in {ATTACH_TIMEOUT_S:.0f} s ({type(e).__name__}: {e}); "
-                "is `python -m forge_nb.launch.worker tcp://HOST:PORT` running on each, reachable from "
-                f"{listen}?"
+                "is `python -m forge_nb.launch.worker tls://HOST:PORT --credentials DIR` running on each, with the "
+                f"credentials of mesh.credentials (CA {ca.fingerprint}, {ca.folder}), reachable from {listen}? "
+                "A worker that refuses the session's certificate shows only as this timeout (Monarch's log says why)"
             ) from None
-        self.attached()
+        self.attached(listen, before)

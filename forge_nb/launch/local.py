@@ -125,6 +125,11 @@ class LocalMesh:
         """Where `role`'s gang meets (its first proc's host): this host's loopback."""
         return "127.0.0.1"
 
+    def addresses_of(self, role: str, procs: int) -> tuple[str, ...]:
+        """The address of the host of each of `role`'s `procs` procs on the mesh's network (where the others
+        dial it): this host's loopback."""
+        return ("127.0.0.1",) * procs
+
     def replace(
         self, role: str, actor_class: type, spec: Any, pids: list[int], procs: int = 1, kill: bool = False
     ) -> Any:

@@ -1,11 +1,17 @@
 """Slurm mesh: the session's roles in procs on the `slurm.nodes` nodes of one Slurm job, via
 `monarch.job.SlurmJob`.
 
-The job runs Monarch workers (one per node, started by `srun`); the kernel attaches to them over TCP
-at each node's ``NodeAddr`` and spawns each role's procs on the nodes the placement plan gives
+The job runs forge_nb's workers (one per node, started by `srun`: `launch.worker.slurm_worker`, in place of
+Monarch's own, which listens on tcp:// and takes anyone's procs); the kernel attaches to them over mutual TLS at
+each node's ``NodeAddr`` and spawns each role's procs on the nodes the placement plan gives
 (`launch.placement.shape`: the trainer's gang over the first `mesh.trainer_hosts` nodes, generator
 replicas on the next, the reward procs on the last), exactly as `HostsMesh` does on its hosts. Actors
 therefore see the job's environment (``SLURM_JOB_ID``, GPUs granted by ``--gpus-per-node``).
+
+Each job gets a CA of its own (`launch.credentials`), made before it is submitted in a folder of the job's log
+folder (``slurm.log_dir``, which every node must see: the batch script names it), readable by the user only;
+each node's worker and the kernel sign their own certificates with it. It goes when the job is cancelled (a
+`keep_job` job keeps it, for the session that attaches next).
 
 `Slurm2205Job` bridges Monarch 0.7.0's `SlurmJob`, which reads ``squeue --json`` as Slurm >= 23.02
 writes it, to Slurm 22.05 (Debian 12): there ``--job N`` does not filter the JSON, and a running job's
@@ -18,6 +24,7 @@ import ipaddress
 import json
 import os
 import re
+import secrets
 import shlex
 import shutil
 import socket
@@ -26,12 +33,14 @@ import sys
 import time
 from typing import Any
 
+from monarch._src.job import slurm as monarch_slurm
 from monarch.actor import attach_to_workers, enable_transport
 from monarch.config import configure
 from monarch.job import SERVICE_PROC_IDS_ENV, SlurmJob, deserialize_service_proc_ids, service_proc_addrs
 
 from forge_nb.config import SlurmConfig
-from forge_nb.launch.hosts import ATTACH_TIMEOUT_S, PlacedMesh, route_source
+from forge_nb.launch.credentials import Credentials, CredentialsError
+from forge_nb.launch.hosts import ATTACH_TIMEOUT_S, PlacedMesh, listening_ports, route_source
 from forge_nb.launch.placement import Placement
 from forge_nb.runtime.calls import wait
 
@@ -67,8 +76,29 @@ def _normalise(job: dict[str, Any]) -> dict[str, Any]:
     return job
 
 
+def worker_bootstrap(port: int, credentials: str) -> str:
+    """The Python each node's srun runs (``python -c '...'`` in the batch script): forge_nb's worker at this node's
+    host name and `port`, holding the CA at `credentials`."""
+    if "'" in credentials:
+        raise SlurmError(f"slurm.log_dir {credentials!r}: a path with a single quote cannot go in the batch script")
+    return f"from forge_nb.launch.worker import slurm_worker; slurm_worker({port}, {json.dumps(credentials)})"
+
+
 class Slurm2205Job(SlurmJob):
-    """`SlurmJob` that reads squeue per job id and reports why a job stayed pending."""
+    """`SlurmJob` that reads squeue per job id, reports why a job stayed pending, and runs forge_nb's worker on
+    each node, holding the job's `credentials` (a folder)."""
+
+    credentials = ""
+
+    def _submit_slurm_job(self, num_nodes: int, client_script: str | None = None) -> str:
+        """Monarch's batch script with forge_nb's worker in place of Monarch's (`worker_bootstrap`): Monarch
+        writes its worker's line from its module's `_worker_bootstrap`, replaced for the submission."""
+        monarch_own = monarch_slurm._worker_bootstrap
+        monarch_slurm._worker_bootstrap = lambda port, bind_to: worker_bootstrap(port, self.credentials)
+        try:
+            return super()._submit_slurm_job(num_nodes, client_script)
+        finally:
+            monarch_slurm._worker_bootstrap = monarch_own
 
     def _get_job_info_json(self, job_id: str) -> dict[str, Any] | None:
         return squeue_job(job_id)
@@ -99,16 +129,16 @@ class Slurm2205Job(SlurmJob):
         )
 
 
-def _worker_identity(job_id: str) -> tuple[int, list]:
-    """(port, worker ids) a forge_nb job's workers were started with, read back from its batch script:
-    a client must dial that port and address the workers by those ids."""
+def _worker_identity(job_id: str) -> tuple[int, list, str]:
+    """(port, worker ids, credentials folder) a forge_nb job's workers were started with, read back from its batch
+    script: a client must dial that port, address the workers by those ids and hold those credentials."""
     out = subprocess.run(["scontrol", "write", "batch_script", job_id, "-"], capture_output=True, text=True)
     prefix = f"export {SERVICE_PROC_IDS_ENV}="
     ids = [line.removeprefix(prefix) for line in out.stdout.splitlines() if line.startswith(prefix)]
-    port = re.search(r"tcp://\{socket\.gethostname\(\)\}:(\d+)", out.stdout)
-    if not ids or not port:
-        raise SlurmError(f"slurm.job_id={job_id}: not a job forge_nb started (no Monarch workers in its batch script)")
-    return int(port.group(1)), deserialize_service_proc_ids(shlex.split(ids[0])[0])
+    worker = re.search(r"slurm_worker\((\d+), (\"[^\n]*?\")\)", out.stdout)
+    if not ids or not worker:
+        raise SlurmError(f"slurm.job_id={job_id}: not a job forge_nb started (no forge_nb workers in its batch script)")
+    return int(worker.group(1)), deserialize_service_proc_ids(shlex.split(ids[0])[0]), json.loads(worker.group(2))
 
 
 def free_port() -> int:
@@ -187,11 +217,20 @@ class SlurmMesh(PlacedMesh):
         if cfg.job_id:
             self._adopt(cfg.job_id)
         else:
-            self._submit()
+            # The job's own CA, in a folder of its log folder that every node sees (the batch script names it).
+            folder = os.path.join(os.path.abspath(cfg.log_dir), f"credentials-{secrets.token_hex(6)}")
+            self.job.credentials = str(Credentials.new(folder).folder)
+            try:
+                self._submit()
+            except BaseException:
+                shutil.rmtree(folder, ignore_errors=True)
+                raise
         self.job_id: str = self.job._slurm_job_id
         try:
             self._attach()
         except SlurmError:
+            if not cfg.job_id:  # the job this session submitted was cancelled: its credentials go too
+                shutil.rmtree(self.job.credentials, ignore_errors=True)
             raise
         except Exception as e:
             self.cancel()
@@ -207,8 +246,8 @@ class SlurmMesh(PlacedMesh):
         job._all_hostnames = names
         self.names, self.addresses = list(names), node_addresses(names)
         self.ports = [job._port] * len(names)
-        self._listen()
-        workers = service_proc_addrs([f"tcp://{a}:{job._port}" for a in self.addresses], job._service_proc_ids)
+        listen, before = self._listen()
+        workers = service_proc_addrs([f"tls://{a}:{job._port}" for a in self.addresses], job._service_proc_ids)
         self.hosts = attach_to_workers(name="node", ca="trust_all_connections", workers=workers)
         try:
             wait(self.hosts.initialized, ATTACH_TIMEOUT_S)
@@ -219,7 +258,7 @@ class SlurmMesh(PlacedMesh):
                 f"{ATTACH_TIMEOUT_S:.0f} s ({type(e).__name__}: {e}); it was cancelled. The workers' log is in "
                 f"{self.cfg.log_dir}"
             ) from None
-        self.attached()
+        self.attached(listen, before)
 
     def _submit(self) -> None:
         try:
@@ -239,7 +278,7 @@ class SlurmMesh(PlacedMesh):
             state = info["job_state"] if info else "not in the queue"
             raise SlurmError(f"slurm.job_id={job_id}: cannot attach, the job is {state}")
         self.job._slurm_job_id = job_id
-        self.job._port, self.job._service_proc_ids = _worker_identity(job_id)
+        self.job._port, self.job._service_proc_ids, self.job.credentials = _worker_identity(job_id)
         if len(self.job._service_proc_ids) != self.nodes:
             raise SlurmError(
                 f"slurm.job_id={job_id}: its workers run on {len(self.job._service_proc_ids)} node(s), this "
@@ -265,14 +304,22 @@ class SlurmMesh(PlacedMesh):
         ]
         return flagged or lost
 
-    def _listen(self) -> None:
-        """Make this kernel's Monarch listen on TCP where the nodes reach it: at its host name when that
-        resolves to an address others can dial, else where the route to the first node leaves this host.
+    def _listen(self) -> tuple[str, set[int]]:
+        """Make this kernel's Monarch listen on TLS where the nodes reach it, holding a certificate of the job's
+        CA: at its host name when that resolves to an address others can dial, else where the route to the
+        first node leaves this host -> (that address, the ports this process listened on there before).
         Monarch fixes a process's transport at its first use: a kernel that ran a local session first
         listens on Unix sockets, which only a node on this machine's own network reaches."""
-        listen = "tcp" if hostname_is_routable() else f"tcp://{route_source(self.addresses[0], self.job._port)}:0"
+        name = socket.gethostname() if hostname_is_routable() else route_source(self.addresses[0], self.job._port)
         try:
-            enable_transport(listen)
+            Credentials.load(self.job.credentials).use(name)
+        except CredentialsError as e:
+            self.cancel()
+            raise SlurmError(f"{e}; job {self.job_id} was cancelled") from None
+        listen = socket.gethostbyname(name)
+        before = listening_ports(listen)
+        try:
+            enable_transport(f"tls://{name}:0")
         except RuntimeError:
             elsewhere = [n for n, a in zip(self.names, self.addresses) if not on_this_machine(a)]
             if elsewhere:
@@ -284,6 +331,7 @@ class SlurmMesh(PlacedMesh):
                     "(forge_nb.up() runs each session in a server process of its own, where this cannot happen); "
                     f"job {self.job_id} was cancelled"
                 ) from None
+        return listen, before
 
     def describe_host(self, host: int) -> str:
         """The node, what Slurm says of it, and that its worker does not answer."""
@@ -303,10 +351,12 @@ class SlurmMesh(PlacedMesh):
         return errors
 
     def cancel(self) -> None:
-        """scancel the job and wait until it has left the running state."""
+        """scancel the job, wait until it has left the running state, and remove its credentials."""
         job_id = self.job._slurm_job_id
         self.job.kill()
         if job_id:
             deadline = time.monotonic() + 30
             while (info := squeue_job(job_id)) and "RUNNING" in info["job_state"] and time.monotonic() < deadline:
                 time.sleep(0.2)
+        if self.job.credentials:
+            shutil.rmtree(self.job.credentials, ignore_errors=True)

@@ -73,7 +73,7 @@ class AgentRollouts:
             members = {KIND: Member(code), **{f"tool:{t.name}": Member(t) for t in _tools(tools)}}
             validation = self._check(agent_code(members), candidate)
         except LiveCodeError as e:
-            registry.reject(KIND, KIND, code or LiveCode(form, "", repr(fn), "cell"), {"error": str(e)})
+            registry.reject(KIND, KIND, code or LiveCode(form, "", repr(fn), "cell"), {"error": str(e)}, candidate)
             raise LiveCodeError(
                 f"{form} v{candidate} ({getattr(code, 'origin', 'cell')}): {e} -- v{previous.version} stays live"
             ) from None

@@ -140,7 +140,7 @@ class LiveCodeManager:
         except (LiveCodeError, CheckFailed) as e:
             if code is None:  # could not even be parsed: keep the text for the record
                 code = LiveCode(kind, "", fn if isinstance(fn, str) else repr(fn), "cell")
-            registry.reject(kind, name, code, {"error": str(e)})
+            registry.reject(kind, name, code, {"error": str(e)}, candidate)
             label = kind if name == kind else f"{kind} {name!r}"
             raise LiveCodeError(
                 f"{label} v{candidate} ({code.origin}): {e} -- v{previous.version} stays live"

@@ -29,7 +29,8 @@ class Member:
 
 @dataclass
 class VersionRecord:
-    """One submitted change. Rejected candidates are kept too, with `version` None and no members.
+    """One submitted change. Rejected candidates are kept too, with `version` None and no members; `candidate` is
+    the version they were tried as (the number their error names; the next accepted change gets it).
 
     `name` is the member the change is about and `code` its code; `members` is the whole live set
     this version makes live."""
@@ -43,6 +44,7 @@ class VersionRecord:
     validation: dict = field(default_factory=dict)  # seconds, probe size, error
     created: float = field(default_factory=time.time)
     change: str = "code"  # "code", "weight", "removed" or "builtin"
+    candidate: int | None = None  # a rejected change: the version it was tried as
 
     @property
     def weight(self) -> float | None:
@@ -88,8 +90,10 @@ class Registry:
         record = VersionRecord(kind, self.next_version(kind), name, code, "live", members, validation, change=change)
         return self._add(record)
 
-    def reject(self, kind: str, name: str, code: LiveCode, validation: dict) -> VersionRecord:
-        record = VersionRecord(kind, None, name, code, "rejected", {}, validation)
+    def reject(
+        self, kind: str, name: str, code: LiveCode, validation: dict, candidate: int | None = None
+    ) -> VersionRecord:
+        record = VersionRecord(kind, None, name, code, "rejected", {}, validation, candidate=candidate)
         self.records.append(record)
         return record
 
@@ -143,6 +147,7 @@ class Registry:
                 "kind": r.kind,
                 "version": r.version,
                 "status": r.status,
+                "tried_as": r.candidate,  # a rejected change: the version its error named (the next one gets it)
                 "member": r.name,
                 "change": r.change,
                 "weight": r.weight,
@@ -159,7 +164,8 @@ class Registry:
         ]
         df = pd.DataFrame(rows)
         if not df.empty:
-            df["version"] = df["version"].astype("Int64")  # rejected candidates have none
+            df["version"] = df["version"].astype("Int64")  # rejected changes have none: see tried_as
+            df["tried_as"] = df["tried_as"].astype("Int64")
         return df
 
 

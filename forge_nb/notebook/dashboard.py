@@ -90,13 +90,15 @@ class Dashboard:
 
     def _ticker(self) -> None:
         while not self._closed.wait(self._period):
-            if not self.session.is_up:
+            if not self.session.is_up:  # down: the last rows, "session down", and no more calls to it
                 self.close()
+                self.redraw(up=False)
+                return
             self.redraw()
 
-    def redraw(self) -> None:
+    def redraw(self, up: bool = True) -> None:
         """Draw queued rows (one batch update; the whole figure again when a panel or series appears) and
-        refresh the version line."""
+        refresh the version line (`up` False: the session is down, nothing is asked of it)."""
         with self._lock:
             rows, self._pending = self._pending, []
         for row in rows:
@@ -106,8 +108,8 @@ class Dashboard:
             self._rebuild(panels)
         elif rows:
             self._draw(rows)
-        self.versions.value = self._versions_html()
-        self.run_button.description = "Pause" if self._run_state() == "running" else "Run"
+        self.versions.value = self._versions_html() if up else "<b>session down</b>"
+        self.run_button.description = "Pause" if up and self._run_state() == "running" else "Run"
 
     def _rebuild(self, panels: list[Panel]) -> None:
         """Lay the figure out again for `panels` and draw every row so far into it (same widget: the
@@ -182,7 +184,12 @@ class Dashboard:
         self.redraw()
 
     def close(self) -> None:
-        self._closed.set()
+        """Stop drawing (safe twice: the ticker closes a dashboard whose session went down, and `detach` closes the
+        session's views again)."""
+        with self._lock:
+            if self._closed.is_set():
+                return
+            self._closed.set()
         self._unsubscribe()
 
 
@@ -205,17 +212,20 @@ class DashboardBox(widgets.VBox):
 
 
 COLORS = plotly.colors.qualitative.Plotly  # a panel's n-th series; its moving average has the same color
+LEGEND_BELOW_PX = 22  # a legend's top this far under its plot (below the tick labels); every x axis is the step
 KIND = {name: panel.kind for panel in PANELS for name in panel.series}  # which rows carry a column
 
 
 def _figure(panels: list[Panel]) -> go.Figure:
-    """`panels` in two columns, each with its own legend in its top-left corner and its unit on the y axis."""
+    """`panels` in two columns against the step, each with its unit on the y axis and its own legend in a row under
+    its x axis (a legend inside the plot sat on the data)."""
     rows = max(1, math.ceil(len(panels) / 2))
+    height = 80 + 290 * rows  # px; each row: a plot, its legend under it, the next row's title
     fig = make_subplots(
         rows=rows,
         cols=2,
         horizontal_spacing=0.08,
-        vertical_spacing=min(0.3 / rows, 0.12),
+        vertical_spacing=min(90 / height, 0.3),
         subplot_titles=[p.title for p in panels],
     )
     legends = {}
@@ -224,11 +234,12 @@ def _figure(panels: list[Panel]) -> go.Figure:
         legend = "legend" if i == 0 else f"legend{i + 1}"
         axis = fig.get_subplot(row, col)
         legends[legend] = {
-            "x": axis.xaxis.domain[0] + 0.005,
-            "y": axis.yaxis.domain[1] - 0.005,
+            "x": axis.xaxis.domain[0],
+            "y": axis.yaxis.domain[0] - LEGEND_BELOW_PX / height,  # under the tick labels
             "xanchor": "left",
             "yanchor": "top",
-            "bgcolor": "rgba(255, 255, 255, 0.7)",
+            "orientation": "h",
+            "bgcolor": "rgba(0, 0, 0, 0)",
             "font": {"size": 11},
         }
         for name, color in zip(panel.series, COLORS, strict=False):
@@ -236,9 +247,8 @@ def _figure(panels: list[Panel]) -> go.Figure:
                 fig.add_trace(trace, row, col)
         zero = "normal" if panel.kind == "step" and "mean_reward" in panel.series else "tozero"  # rewards may be < 0
         fig.update_yaxes(title_text=panel.unit, title_font={"size": 11}, rangemode=zero, row=row, col=col)
-        fig.update_xaxes(title_text="step", title_font={"size": 11}, row=row, col=col)
     # No fixed width: the figure takes the cell's width (JupyterLab's output area), with its legends.
-    fig.update_layout(height=80 + 260 * rows, autosize=True, margin={"l": 60, "r": 20, "t": 40, "b": 40}, **legends)
+    fig.update_layout(height=height, autosize=True, margin={"l": 60, "r": 20, "t": 40, "b": 50}, **legends)
     fig.update_xaxes(tickformat="d")
     return fig
 

@@ -45,6 +45,7 @@ USER_ERRORS = frozenset(
         "forge_nb.fleet.recovery:CheckpointLost",
         "forge_nb.launch.hosts:HostLost",
         "forge_nb.launch.hosts:HostsError",
+        "forge_nb.launch.credentials:CredentialsError",
         "forge_nb.launch.slurm:SlurmError",
         "forge_nb.agents.client:ConversationError",
         "forge_nb.agents.trajectory:TemplateRewriteError",
@@ -69,6 +70,7 @@ def user_errors() -> tuple[type[BaseException], ...]:
     from forge_nb.engines.base import WeightsRefused
     from forge_nb.errors import SessionError
     from forge_nb.fleet.recovery import CheckpointLost, TrainerLost
+    from forge_nb.launch.credentials import CredentialsError
     from forge_nb.launch.hosts import HostLost, HostsError
     from forge_nb.launch.slurm import SlurmError
     from forge_nb.live.capture import LiveCodeError
@@ -90,6 +92,7 @@ def user_errors() -> tuple[type[BaseException], ...]:
         CheckpointLost,
         HostLost,
         HostsError,
+        CredentialsError,
         SlurmError,
         ConversationError,
         TemplateRewriteError,

@@ -108,7 +108,8 @@ class ForgeMagics(Magics):
     @argument("overrides", nargs="*", help="config fields, e.g. lr=1e-4 group_size=4")
     @argument("--config", default=None, help="YAML config file")
     @argument("--slurm", action="store_true", help="run the actors in a Slurm job (options: slurm.partition=...)")
-    @argument("--hosts", default=None, help="comma-separated tcp://HOST:PORT of running forge_nb workers")
+    @argument("--hosts", default=None, help="comma-separated tls://HOST:PORT of running forge_nb workers")
+    @argument("--credentials", default=None, help="the workers' credentials folder (mesh.credentials)")
     @argument("--name", default=None, help="the session's name (default: the notebook's)")
     @argument("--new", action="store_true", help="start a new session even if this notebook's is running")
     def _up(self, rest: str):
@@ -116,6 +117,8 @@ class ForgeMagics(Magics):
         overrides = parse_overrides(args.overrides) | ({"mesh.kind": "slurm"} if args.slurm else {})
         if args.hosts:
             overrides |= {"mesh.kind": "hosts", "mesh.hosts": [h.strip() for h in args.hosts.split(",") if h.strip()]}
+        if args.credentials:
+            overrides |= {"mesh.credentials": args.credentials}
         config = (Config.from_yaml(args.config) if args.config else Config()).updated(overrides)
         current = lifecycle.current()
         if current is not None and not args.new and args.name in (None, current.name):
@@ -174,15 +177,12 @@ class ForgeMagics(Magics):
         return {"TINKER_BASE_URL": endpoint.url, "TINKER_API_KEY": endpoint.api_key}
 
     @magic_arguments()
-    @argument("n", nargs="?", type=int, default=1, help="steps")
-    def _step(self, rest: str):
-        return _session().step(parse_argstring(self._step, rest).n)
-
-    @magic_arguments()
     @argument("steps", nargs="?", type=int, default=None, help="steps (default: until %%forge stop)")
     def _run(self, rest: str):
-        run = _session().run(parse_argstring(self._run, rest).steps)
-        print(f"forge_nb: background run {run.state}; %forge pause / resume / stop")
+        steps = parse_argstring(self._run, rest).steps
+        _session().run(steps)
+        how_long = f"{steps} steps" if steps else "until %forge stop"
+        print(f"forge_nb: training in the background ({how_long}), in the session's server; %forge pause / stop")
 
     def _pause(self, rest: str):
         _session().pause()
@@ -201,8 +201,24 @@ class ForgeMagics(Magics):
     @argument("--step", type=int, default=None, help="every sample of this trained step (the rollout log)")
     @argument("--prompt", default=None, help="every sample of this prompt id so far (the rollout log)")
     def _samples(self, rest: str):
+        """Recent samples, one of each recent prompt before a second of any (a group's samples share their prompt:
+        the last N in a row would often be N samples of one prompt); every sample of a step or of a prompt."""
         args = parse_argstring(self._samples, rest)
-        return _session().samples(args.n, step=args.step, prompt_id=args.prompt)
+        if args.step is not None or args.prompt is not None:
+            return _session().samples(args.n, step=args.step, prompt_id=args.prompt)
+        return spread(_session().samples(max(args.n * 16, 64)), args.n)
+
+    @magic_arguments()
+    @argument("n", nargs="?", type=int, default=1, help="steps")
+    def _step(self, rest: str):
+        """N steps -> the columns a person reads first (`s.step(n)` returns every column; `s.metrics` the stream)."""
+        table = _session().step(parse_argstring(self._step, rest).n)
+        shown = [c for c in STEP_COLUMNS if c in table.columns]
+        print(
+            f"forge_nb: {len(shown)} of {len(table.columns)} columns (s.step(n) returns all); loss is ~0 on-policy by "
+            "construction (group-centred advantages, ratio 1): grad_norm shows the update"
+        )
+        return table[shown]
 
     def _dashboard(self, rest: str):
         return _session().dashboard()
@@ -266,6 +282,21 @@ def _last_function(cell: str, namespace: dict, kinds: tuple = (ast.FunctionDef, 
         return None
     fn = namespace.get(names[-1]) if names else None
     return fn if callable(fn) else None
+
+
+#: What `%forge step` shows: how the reward and the task's accuracy go, what the update did, and how fast.
+STEP_COLUMNS = ("mean_reward", "accuracy", "loss", "grad_norm", "entropy", "policy_version", "tokens_per_s", "step_s")
+
+
+def spread(table, n: int):
+    """The `n` most recent rows of `table` (samples, oldest first), taking one row of each recent prompt before a
+    second of any -> those rows, oldest first."""
+    if table.empty or "prompt" not in table.columns:
+        return table.tail(n)
+    recent = table.iloc[::-1]
+    rank = recent.groupby("prompt", sort=False).cumcount()
+    order = recent.assign(_rank=rank.values).reset_index().sort_values("_rank", kind="stable").head(n)
+    return table.loc[sorted(order[table.index.name or "index"])]
 
 
 def _session():

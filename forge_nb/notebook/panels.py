@@ -8,7 +8,9 @@ Two cases are judged, not just read:
 - task accuracy is drawn beside the mean reward only where they differ; where the reward is the task's
   own check they are one number, and the panel's title says so instead of drawing two equal lines;
 - refresh GB/s only where a refresh moved real bytes (`REAL_BYTES`): a few MB move in a time set by the
-  round trips, not the link, and their "GB/s" is not a bandwidth.
+  round trips, not the link, and their "GB/s" is not a bandwidth;
+- the clip fraction only once a step clipped a token: on-policy (one step a batch, no staleness) every ratio is 1
+  and the panel would be a line on its axis.
 
 `shown(rows)` takes the metrics stream's rows by kind (``{"step": [...], "judge": [...], "eval": [...]}``,
 eval rows through `eval_row`) and returns the panels to draw, in order, each with the series that have data.
@@ -88,7 +90,7 @@ def _has_data(name: str, rows: Sequence[Mapping[str, Any]]) -> bool:
         return any(_value(r, name) is not None and _value(r, name) != _value(r, "mean_reward") for r in rows)
     if name == "refresh_gbps":
         return any((_value(r, "refresh_bytes") or 0) >= REAL_BYTES and (_value(r, name) or 0) > 0 for r in rows)
-    if name in PHASES or name == "tool_errors":
+    if name in PHASES or name in ("tool_errors", "clip_fraction"):  # (on-policy nothing is clipped: no panel of 0s)
         return any((_value(r, name) or 0) > 0 for r in rows)
     return any(_value(r, name) is not None for r in rows)
 

@@ -88,8 +88,8 @@ def _panel(ax, panel: Panel, df: pd.DataFrame) -> None:
     ax.set_xlabel("step")
     ax.xaxis.get_major_locator().set_params(integer=True)
     ax.grid(alpha=0.3)
-    if len(panel.series) > 1 or panel.series[0] in SMOOTHED:
-        ax.legend(loc="best", fontsize="small")
+    if len(panel.series) > 1 or panel.series[0] in SMOOTHED:  # under the plot: inside, it sat on the data
+        ax.legend(loc="upper left", bbox_to_anchor=(0.0, -0.22), ncols=3, fontsize="small", frameon=False)
 
 
 def png(fig: Any, dpi: int = 80) -> bytes:

@@ -58,12 +58,14 @@ def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=manifest["steps"], help="training steps (default: as exported)")
     parser.add_argument(
-        "--hosts", default="", help="tcp://HOST:PORT,... of a worker on each node (run.sbatch of a multi-node job)"
+        "--hosts", default="", help="tls://HOST:PORT,... of a worker on each node (run.sbatch of a multi-node job)"
     )
+    parser.add_argument("--credentials", default="", help="the CA folder the workers hold (mesh.credentials)")
     args = parser.parse_args(argv)
     config = Config.from_yaml(HERE / "config.yaml")
     if args.hosts:  # the job's nodes: the same shape (mesh.trainer_hosts, ...) on the workers started there
-        config = config.updated({"mesh.kind": "hosts", "mesh.hosts": args.hosts.split(",")})
+        hosts = {"mesh.kind": "hosts", "mesh.hosts": args.hosts.split(",")}
+        config = config.updated({**hosts, "mesh.credentials": args.credentials})
 
     with forge_nb.up(config) as s:  # generator, trainer and reward actors, each in its own proc
         sources = {kind: make_live(s, kind, manifest) for kind in ("reward", "loss")}  # validated, then shipped

@@ -25,7 +25,7 @@ from typing import Any
 
 import pandas as pd
 
-from forge_nb.errors import SessionError
+from forge_nb.errors import SessionDown, SessionError
 from forge_nb.metrics import MetricsStream
 from forge_nb.runtime import lifecycle
 from forge_nb.server.protocol import Hello, RolloutView, RunView
@@ -46,7 +46,6 @@ class SessionClient:
         self._id = uuid.uuid4().hex
         self._idle: list[Connection] = []
         self._pool_lock = threading.Lock()
-        self._busy_said = False
         self._closed = False
         self.metrics_stream = RemoteMetrics(self)
         self._facts: dict[str, Any] = {}
@@ -94,7 +93,10 @@ class SessionClient:
             conn.close()
             raise self._gone() from e
         with self._pool_lock:
-            self._idle.append(conn)
+            if self._closed:  # detached meanwhile: a connection kept would count as a client attached
+                conn.close()
+            else:
+                self._idle.append(conn)
         return reply
 
     def wait_up(self, timeout: float | None = None) -> dict[str, Any]:
@@ -128,7 +130,7 @@ class SessionClient:
             return False
         try:
             return bool(self._fact("is_up"))
-        except SessionGone:
+        except (SessionGone, SessionDown):  # its server ended, or is taking the session down
             return False
 
     @property
@@ -208,6 +210,10 @@ class SessionClient:
     def evaluate(self, max_tokens: int | None = None, greedy: bool | None = None) -> dict[str, float]:
         return self._call("evaluate", max_tokens, greedy)
 
+    def prompt(self, i: int = 0) -> str:
+        """Held-out problem `i`'s prompt as the model sees it (see `Session.prompt`)."""
+        return self._call("prompt", i)
+
     def generate(
         self, prompt: str | list[dict], n: int = 1, temperature: float | None = None, max_tokens: int | None = None
     ) -> list[str]:
@@ -279,8 +285,8 @@ class SessionClient:
     def unwatch(self) -> None:
         self._call("unwatch")
 
-    def checksums(self) -> dict[str, Any]:
-        return self._call("checksums")
+    def checksums(self, *roles: str) -> dict[str, Any]:
+        return self._call("checksums", *roles)
 
     # -- checkpoints and export ---------------------------------------------------------------------------------
     def save(self, path: str | Path) -> Path:
@@ -293,10 +299,11 @@ class SessionClient:
         return self._call("export", str(Path(path).expanduser().resolve()), steps)
 
     def fork(self, step: int):
-        """A new session (its own server) from the newest checkpoint at or before `step`."""
+        """A new session (its own server) from the newest checkpoint at or before `step`, held by a client of this
+        one's class (a notebook's fork has `dashboard()` too)."""
         from forge_nb.server.start import resume
 
-        return resume(self._call("checkpoint_before", step))
+        return resume(self._call("checkpoint_before", step), client_class=type(self))
 
     # -- agents outside the mesh ----------------------------------------------------------------------------------
     def endpoint(self, host: str = "127.0.0.1"):
@@ -383,6 +390,11 @@ class ClientRollout:
         return dict(self.view.summary)
 
     @property
+    def agent_stats(self) -> dict[str, float]:
+        """As `Rollout.agent_stats`: mean model calls per trajectory, tool calls and errors in all (NaN: no agent)."""
+        return {k: self.view.summary[k] for k in ("turns", "tool_calls", "tool_errors")}
+
+    @property
     def episodes(self) -> list:
         """The batch's episodes, fetched from the server (token ids and logprobs included)."""
         return self._client._call("rollout_episodes", self.view.handle)
@@ -456,33 +468,39 @@ class RemoteMetrics(MetricsStream):
     def _follow(self) -> None:
         while not self._stopped.is_set():
             try:
-                with self._lock:
-                    first = len(self._rows)
-                new = self._client._call("rows_since", first, 1.0)
+                self._fetch(wait_s=1.0)
             except Exception:
                 if self._stopped.wait(1.0):
                     return
                 continue
-            for row in new:
-                self._append(row)
             self._caught_up.set()
 
-    def _append(self, row: dict[str, Any]) -> None:
+    def _fetch(self, wait_s: float) -> None:
+        """The server's rows this mirror lacks (waiting up to `wait_s` for one), appended in order; the follower and
+        a reader may both fetch: the stream is append-only, so a row already here is skipped by its index."""
         with self._lock:
-            self._rows.append(row)
+            first = len(self._rows)
+        new = self._client._call("rows_since", first, wait_s)
+        with self._lock:
+            fresh = new[len(self._rows) - first :]
+            self._rows.extend(fresh)
             subscribers = list(self._subscribers)
-        for notify in subscribers:
-            try:
-                notify(row)
-            except Exception:
-                pass  # a view that fails to draw a row does not stop the stream
+        for row in fresh:
+            for notify in subscribers:
+                try:
+                    notify(row)
+                except Exception:
+                    pass  # a view that fails to draw a row does not stop the stream
 
     def subscribe(self, notify):
         self._ensure()
         return super().subscribe(notify)
 
     def rows(self, kind: str | None = None) -> list[dict[str, Any]]:
+        """Every row so far, the server's newest included (read now, not when the follower next wakes)."""
         self._ensure()
+        if not self._stopped.is_set():
+            self._fetch(wait_s=0.0)
         return super().rows(kind)
 
     def emit(self, kind: str, **values: Any) -> dict[str, Any]:

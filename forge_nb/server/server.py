@@ -8,6 +8,7 @@ It reads what to start from DIR/request.pkl (written 0600 by the client, removed
 session's key (HMAC challenge, `multiprocessing.connection`) and comes from this user (the socket's peer
 credentials) before anything it sends is read. A connection that stalls in the handshake is dropped after
 `HANDSHAKE_S`; one that sends something malformed, or goes away mid-call, is closed, and the session goes on.
+Each refusal is counted (`runtime.refusals`) and said in the session's events, at most once a second.
 
 It ends on a client's `down`, on SIGTERM or SIGINT, or when no client has been attached, no background run has
 been running and no Tinker client has been at work for `session.idle_timeout_s`; its procs go with it
@@ -26,18 +27,22 @@ import sys
 import threading
 import time
 import traceback
+from multiprocessing import AuthenticationError
 from multiprocessing.connection import Connection, Listener, answer_challenge, deliver_challenge
 from pathlib import Path
 from typing import Any
 
 import psutil
 
+from forge_nb.errors import SessionDown
+from forge_nb.runtime.refusals import REFUSED, raise_open_files_limit
 from forge_nb.server.protocol import REQUEST, Failure, Hello, StartRequest
 from forge_nb.server.registry import SessionDir, SessionInfo
 from forge_nb.server.service import Busy
 
 HANDSHAKE_S = 30.0  # a connection that has not proven the key by then is dropped
-HEARTBEAT_S = 2.0  # how often info.json is brought up to date
+HEARTBEAT_S = 2.0  # how often info.json is brought up to date (and what the listeners refused is said)
+LISTENER = "session socket"
 
 
 class SessionServer:
@@ -79,7 +84,10 @@ class SessionServer:
             self._close(failed=True)
             return 1
         while not self.ending.wait(HEARTBEAT_S):
-            self._heartbeat()
+            try:
+                self._heartbeat()
+            except Exception:  # a status that could not be read this time: the next beat tries again
+                traceback.print_exc()
             if self._idle_for() > self.idle_timeout_s > 0:
                 print(f"forge_nb server: no client and nothing running for {self.idle_timeout_s:g} s; ending")
                 break
@@ -142,6 +150,7 @@ class SessionServer:
         service = self.service
         if service is not None:
             s = service.session
+            s.note_refusals()  # what this process's listeners refused: a "security" event
             status = s.status()
             run = s.background
             self.info.model = str(status.get("model", ""))
@@ -208,11 +217,13 @@ class SessionServer:
             while not self.ending.is_set():
                 message = conn.recv()
                 if not (isinstance(message, tuple) and len(message) == 5 and message[0] == "call"):
-                    print(f"forge_nb server: a malformed message from {hello.who}; connection closed", flush=True)
+                    REFUSED.refused(LISTENER, "a malformed message", hello.who)
                     return
                 conn.send(self._answer(hello, *message[1:]))
-        except (EOFError, OSError, pickle.UnpicklingError, AttributeError, ImportError, TypeError):
-            pass  # the client went away, or sent what cannot be read: its connection ends, the session goes on
+        except (pickle.UnpicklingError, AttributeError, ImportError, TypeError):
+            REFUSED.refused(LISTENER, "a message that cannot be read")  # its connection ends, the session goes on
+        except (EOFError, OSError):
+            pass  # the client went away
         finally:
             with self._lock:
                 self.clients.pop(cid, None)
@@ -220,26 +231,36 @@ class SessionServer:
 
     def _handshake(self, conn: Connection) -> Hello | None:
         """The peer is this user and proves the key; then it says who it is. None (and closed): it did not."""
-        done = threading.Event()
+        done, expired = threading.Event(), threading.Event()
 
         def expire() -> None:
             if not done.is_set():
+                expired.set()
                 conn.close()
 
         timer = threading.Timer(HANDSHAKE_S, expire)  # a stalled handshake blocks only this thread, then ends
         timer.start()
         try:
-            if _peer_uid(conn) != os.getuid():
+            uid = _peer_uid(conn)
+            if uid != os.getuid():
+                REFUSED.refused(LISTENER, "another user", f"uid {uid}")
                 return None
             deliver_challenge(conn, self.key)
             answer_challenge(conn, self.key)
             hello = conn.recv()
             done.set()
+        except AuthenticationError:
+            REFUSED.refused(LISTENER, "no key")
+            return None
         except Exception:
+            REFUSED.refused(LISTENER, "handshake not finished" if expired.is_set() else "closed in its handshake")
             return None
         finally:
             timer.cancel()
-        return hello if isinstance(hello, Hello) else None
+        if not isinstance(hello, Hello):
+            REFUSED.refused(LISTENER, "not a client")
+            return None
+        return hello
 
     def _answer(self, hello: Hello, method: Any, args: Any, kwargs: Any, wait: Any) -> tuple:
         """The reply to one call: ("ok", value), ("busy", holder) or ("error", Failure)."""
@@ -250,8 +271,8 @@ class SessionServer:
                 return ("ok", self._wait_up(args[0] if args else None))
             if method == "down":
                 return ("ok", self._client_down(hello))
-            if self.service is None:
-                raise RuntimeError("forge_nb: the session is not up")
+            if self.service is None:  # going down (`_client_down`): the server answers until it ends
+                raise SessionDown("forge_nb: the session is not up")
             if not (isinstance(method, str) and isinstance(args, tuple) and isinstance(kwargs, dict)):
                 raise TypeError("forge_nb: a call is (method name, args tuple, kwargs dict)")
             value = self.service.call(hello.who, method, args, kwargs, bool(wait))
@@ -303,4 +324,5 @@ def main(argv: list[str] | None = None) -> int:
     if len(args) != 1:
         print("usage: python -m forge_nb.server SESSION_DIR (started by forge_nb.up)", file=sys.stderr)
         return 2
+    raise_open_files_limit()  # its listeners (its socket, a hosts session's Monarch port) outlast a flood longer
     return SessionServer(SessionDir(Path(args[0]))).serve()

@@ -243,19 +243,22 @@ class SessionService:
         seconds (a client's mirror of the stream long-polls this)."""
         stream = self.session.metrics_stream
         with self._rows:
-            if len(stream.rows()) <= first:
+            if len(stream) <= first:
                 self._rows.wait(timeout)
-        return stream.rows()[first:]
+        return stream.since(first)
 
     def _on_row(self, row: dict[str, Any]) -> None:
         with self._rows:
             self._rows.notify_all()
 
-    def remote_checksums(self, who: str) -> dict[str, Any]:
-        return self.session.checksums()
+    def remote_checksums(self, who: str, *roles: str) -> dict[str, Any]:
+        return self.session.checksums(*roles)
 
     def remote_evaluate(self, who: str, max_tokens: int | None = None, greedy: bool | None = None) -> dict:
         return self.session.evaluate(max_tokens, greedy)
+
+    def remote_prompt(self, who: str, i: int = 0) -> str:
+        return self.session.prompt(i)
 
     def remote_generate(self, who: str, prompt: Any, n: int = 1, temperature=None, max_tokens=None) -> list[str]:
         return self.session.generate(prompt, n, temperature, max_tokens)

@@ -72,7 +72,9 @@ def start(request: StartRequest, name: str, persist: bool, client_class: type = 
             close_fds=True,
         )
     deadline = time.monotonic() + SOCKET_WAIT_S
-    while not folder.socket.exists():
+    # Its info is written once it listens: the socket's file exists from bind(), before listen(), and a client
+    # that connects between them is refused.
+    while folder.info() is None:
         if process.poll() is not None or time.monotonic() > deadline:
             raise SessionError(f"forge_nb: the session's server did not start:\n{_tail(folder.log)}")
         time.sleep(0.05)

@@ -10,8 +10,9 @@ Every name starts with ``fnb-`` (``fnb`` for interfaces, whose names are limited
 `down` finds leftovers of any earlier run; `down` is idempotent and kills every process still
 running inside the namespaces first.
 
-    python -m forge_nb.testing.netns_hosts up --hosts 3 --tag t0 [--workers 26600]
-        # prints the hosts, one a line; --workers: a forge_nb worker on each, and the --hosts to use
+    python -m forge_nb.testing.netns_hosts up --hosts 3 --tag t0 [--workers 26600 [--credentials DIR]]
+        # prints the hosts, one a line; --workers: a forge_nb worker on each (holding the CA in DIR, made
+        # there when missing; default ~/.forge_nb/credentials), and the --hosts to use
     python -m forge_nb.testing.netns_hosts status
     python -m forge_nb.testing.netns_hosts down [--tag t0]          # every fnb- namespace without --tag
 """
@@ -48,12 +49,12 @@ class Host:
         """Prefix that runs a command inside this host's namespace."""
         return ["ip", "netns", "exec", self.netns]
 
-    def worker_args(self, port: int, python: str = sys.executable) -> list[str]:
-        """The forge_nb worker of this host at tcp://ip:port, with a /dev/shm of its own (`ip netns
-        exec` gives the command a mount namespace; a fresh tmpfs there makes this host's shared
-        memory its own, as on a separate machine, so weights cross the link)."""
+    def worker_args(self, port: int, credentials: str, python: str = sys.executable) -> list[str]:
+        """The forge_nb worker of this host at tls://ip:port holding the CA in `credentials`, with a
+        /dev/shm of its own (`ip netns exec` gives the command a mount namespace; a fresh tmpfs there
+        makes this host's shared memory its own, as on a separate machine, so weights cross the link)."""
         own_shm = 'mount -t tmpfs tmpfs /dev/shm && exec "$@"'
-        worker = [python, "-m", "forge_nb.launch.worker", f"tcp://{self.ip}:{port}"]
+        worker = [python, "-m", "forge_nb.launch.worker", f"tls://{self.ip}:{port}", "--credentials", credentials]
         return [*self.exec_args(), "sh", "-c", own_shm, "sh", *worker]
 
 
@@ -199,23 +200,38 @@ def down(tag: str | None = None) -> None:
             _run("ip", "link", "del", name, check=False)
 
 
+def _credentials(folder: str | None) -> str:
+    """The credentials folder for the workers: `folder` (default ~/.forge_nb/credentials), made when missing."""
+    from forge_nb.launch.credentials import CA_KEY, DEFAULT_DIR, Credentials
+
+    path = os.path.expanduser(folder or DEFAULT_DIR)
+    if not os.path.exists(os.path.join(path, CA_KEY)):
+        Credentials.new(path)
+        print(f"made credentials in {path}")
+    return path
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("command", choices=("up", "down", "status"))
     parser.add_argument("--hosts", type=int, default=3)
     parser.add_argument("--tag", default=None, help="names this set of hosts (default 0 for up, every set for down)")
     parser.add_argument("--workers", type=int, default=0, metavar="PORT", help="up: start a forge_nb worker on each")
+    parser.add_argument("--credentials", default=None, metavar="DIR", help="up --workers: the CA the workers hold")
     args = parser.parse_args()
     if args.command == "up":
         net = HostNet(args.hosts, args.tag or "0").up()
         print(f"bridge {net.bridge} {net.gateway}")
+        credentials = _credentials(args.credentials) if args.workers else ""
         for h in net.hosts:
             print(f"{h.name} {h.netns} {h.ip}")
             if args.workers:  # detached: they run until `down` kills what runs in the namespaces
                 log = open(f"/tmp/{h.netns}-worker.log", "wb")
-                subprocess.Popen(h.worker_args(args.workers), stdout=log, stderr=log, start_new_session=True)
+                argv = h.worker_args(args.workers, credentials)
+                subprocess.Popen(argv, stdout=log, stderr=log, start_new_session=True)
         if args.workers:
-            print("--hosts " + ",".join(f"tcp://{h.ip}:{args.workers}" for h in net.hosts))
+            print("--hosts " + ",".join(f"tls://{h.ip}:{args.workers}" for h in net.hosts))
+            print(f"--credentials {credentials}")
     elif args.command == "down":
         down(args.tag)
     else:

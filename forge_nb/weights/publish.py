@@ -47,11 +47,14 @@ class WeightPublisher:
         ranks: int = 1,
         device: torch.device | None = None,
         host: bool = True,
+        stream_secret: bytes = b"",
+        stream_host: str = "127.0.0.1",
     ) -> None:
         """Buffers laid out for `named_tensors` (their shapes and dtypes), holding them as `version`.
         A sharded trainer's rank `rank` of `ranks` publishes its shards: `rows` says which rows of each
         whole tensor they are (`weights.manifest.layout`). A CUDA `device`: two more buffers in its memory,
-        for CUDA IPC readers; `host` False: those only."""
+        for CUDA IPC readers; `host` False: those only. With the session's `stream_secret`, the host buffers
+        are also served over TCP streams at `stream_host` (`weights.stream`) to readers that prove it."""
         named = list(named_tensors)
         self.rank, self.ranks = rank, ranks
         self.slots, self.nbytes = layout(named, dtype, rows)
@@ -66,6 +69,7 @@ class WeightPublisher:
         self._targets = [dict(views(b, self.slots)) for b in self.buffers]
         self._rdma: tuple | None = None
         self._server = None  # weights.stream.ChunkServer, started with the first manifest
+        self._stream_secret, self._stream_host = stream_secret, stream_host
         for buffer in self.buffers:
             header(buffer)[0] = WRITING  # no version until one is published there
         self.version: int | None = None
@@ -130,10 +134,10 @@ class WeightPublisher:
         for a process without Monarch)."""
         if self._rdma is None and rdma and self.buffers:
             self._rdma = tuple(self._register(b) for b in self.buffers)
-        if self._server is None and self.buffers:
+        if self._server is None and self.buffers and self._stream_secret:
             from forge_nb.weights.stream import ChunkServer
 
-            self._server = ChunkServer(self.buffers)
+            self._server = ChunkServer(self.buffers, self._stream_secret, self._stream_host)
         return WeightManifest(
             self.slots,
             self.nbytes,

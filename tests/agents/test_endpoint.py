@@ -1,9 +1,12 @@
 """The OpenAI-compatible endpoint with a scripted backend: a real `openai.AsyncOpenAI` and plain HTTP
-against it; the token, malformed requests, closed trajectories, the raw completions route, the port."""
+against it; the token, malformed requests, closed trajectories, the raw completions route, the port; what it
+refuses (no token, bytes that are not HTTP, silent connections) counted while it goes on serving."""
 
 import asyncio
 import json
+import os
 import socket
+import time
 
 import openai
 import pytest
@@ -14,6 +17,8 @@ from forge_nb.agents.client import AgentClient, Limits
 from forge_nb.agents.endpoint import Endpoint
 from forge_nb.agents.tools import tool_schema
 from forge_nb.agents.trajectory import Trajectory
+from forge_nb.runtime import http_thread
+from forge_nb.runtime.refusals import REFUSED
 from tests.agents.conftest import ScriptedBackend, multiply
 
 CALL = '<tool_call>\n{"name": "multiply", "arguments": {"a": 6, "b": 7}}\n</tool_call>'
@@ -71,6 +76,35 @@ def test_requests_without_the_token_or_to_a_closed_trajectory_are_refused(served
     endpoint.close(tid)
     closed = post(endpoint, tid, "chat/completions", body)
     assert closed.status_code == 404 and "no open trajectory" in closed.json()["error"]["message"]
+
+
+def refused(endpoint: Endpoint) -> dict[str, int]:
+    prefix = f"{endpoint.name}: "
+    return {k.removeprefix(prefix): n for k, n in REFUSED.totals().items() if k.startswith(prefix)}
+
+
+def test_no_token_garbage_and_silent_connections_are_refused_and_counted_while_it_serves(tokenizer, monkeypatch):
+    monkeypatch.setattr(http_thread, "FIRST_BYTES_S", 0.5)
+    endpoint = Endpoint().start()
+    backend = ScriptedBackend(tokenizer, lambda p: "42")
+    tid = endpoint.open(AgentClient(GenerationBatcher(backend, window_s=0.001), tokenizer, Trajectory(row={})))
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+    try:
+        silent = [socket.create_connection(("127.0.0.1", endpoint.port)) for _ in range(50)]
+        with socket.create_connection(("127.0.0.1", endpoint.port)) as garbage:
+            garbage.sendall(os.urandom(2048) + b"\r\n\r\n")
+            assert garbage.recv(4096).startswith(b"HTTP/1.1 400")
+        assert requests.post(f"{endpoint.base_url(tid)}/chat/completions", json=body, timeout=30).status_code == 401
+        assert post(endpoint, tid, "chat/completions", body).json()["choices"][0]["message"]["content"] == "42"
+        deadline = time.monotonic() + 10
+        while refused(endpoint).get("no request", 0) < 50 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert refused(endpoint) == {"no request": 50, "not HTTP": 1, "no token": 1}
+        assert all(s.recv(1) == b"" for s in silent)  # closed by the endpoint
+        for s in silent:
+            s.close()
+    finally:
+        endpoint.stop()
 
 
 @pytest.mark.parametrize(

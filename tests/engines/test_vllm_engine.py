@@ -64,13 +64,13 @@ def assert_trained_steps_reach_the_engine(s, steps: int) -> None:
     prompt = [s.tokenizer("17+25=")["input_ids"]]
     completion = [s.tokenizer("42", add_special_tokens=False)["input_ids"] + [s.tokenizer.eos_token_id]]
     generator = s.fleet.generator.slice(procs=0)
-    before, version = wait(generator.score.call_one(prompt, completion))
+    before, version = wait(generator.logprobs.call_one(prompt, completion))
     for _ in range(steps):
         s.train(s.rollout())
     trainer = on_gang(s.fleet.trainer, "logprobs", prompt, completion)
     assert max_diff(before, trainer) > 10 * TOLERANCE
     report = s.sync()
-    after, served = wait(generator.score.call_one(prompt, completion))
+    after, served = wait(generator.logprobs.call_one(prompt, completion))
     assert served == report["version"] == version + steps
     assert max_diff(after, trainer) < TOLERANCE
 

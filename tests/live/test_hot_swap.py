@@ -143,10 +143,10 @@ def test_a_loss_that_names_entropies_gets_the_policys_per_token_entropy(s):
     """The checker's probe and the trainer pass `entropies` [B, T] to a loss that names it: here the top 20% of
     tokens by entropy (top_entropy_quantile, as TRL's) keep their policy term."""
     v = s.set_loss(
-        "from forge_nb.rl.losses import dapo_loss\n\n"
+        "from forge_nb.rl.losses import Modifiers, dapo_loss\n\n"
         "def loss(logprobs, old_logprobs, advantages, mask, entropies):\n"
         "    assert entropies.shape == mask.shape and bool((entropies >= 0).all()) and (entropies * mask).sum() > 0\n"
-        "    kept = {'entropies': entropies, 'top_entropy_quantile': 0.2}\n"
+        "    kept = {'entropies': entropies, 'modifiers': Modifiers(top_entropy_quantile=0.2)}\n"
         "    return dapo_loss(logprobs, old_logprobs, advantages, mask, **kept)\n"
     )
     metrics = s.train(s.rollout())

@@ -55,3 +55,22 @@ def test_a_step_without_a_value_is_a_gap_not_a_nan_the_browser_refuses():
         assert list(traces["entropy"].y) == [1.2, None] and traces["entropy ema"].y[1] is None
     finally:
         board.close()
+
+
+def test_a_session_going_down_closes_its_dashboard_once_and_draws_its_last_rows():
+    """At `%forge down` the ticker sees the session down and closes the dashboard; `detach` then closes the
+    session's views again, which must not raise (it did: the metrics stream's unsubscribe ran twice)."""
+    import time
+
+    from tests.notebook.test_panels import step
+
+    session = dashboard_session()
+    board = Dashboard(session, max_hz=50)
+    session.metrics_stream.emit(**step(1))
+    session.is_up = False
+    deadline = time.monotonic() + 5
+    while "session down" not in board.versions.value and time.monotonic() < deadline:  # the ticker's last redraw
+        time.sleep(0.01)
+    assert board._closed.is_set() and "session down" in board.versions.value  # noqa: SLF001
+    board.close()  # as detach does
+    assert list({t.meta: t for t in board.figure.data}["mean_reward"].x) == [1]

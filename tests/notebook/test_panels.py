@@ -45,8 +45,8 @@ def test_a_plain_run_shows_no_judge_agent_kl_refresh_or_empty_phase():
         "time per phase",
         "policy entropy",
         "response length",
-        "clip fraction",
-    ]
+    ]  # on-policy nothing is clipped: no clip fraction panel (a line on its axis)
+    assert "clip fraction" in titles({"step": [step(1), step(2, clip_fraction=0.03)]})
     assert got["reward (= task accuracy)"] == ("mean_reward",)
     assert got["time per phase"] == ("generate_s", "score_s", "train_s", "refresh_s")  # no reference ran
 

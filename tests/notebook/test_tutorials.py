@@ -19,8 +19,8 @@ TUTORIALS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 NOISE = ("Monarch internal logs are being written", "[RdmaXcel]", "Can't open libcuda")
 
 
-def test_the_nine_tutorials_are_numbered_stories():
-    assert [p.name[:2] for p in TUTORIALS] == ["01", "02", "03", "04", "05", "06", "07", "08", "09"]
+def test_the_ten_tutorials_are_numbered_stories():
+    assert [p.name[:2] for p in TUTORIALS] == ["01", "02", "03", "04", "05", "06", "07", "08", "09", "10"]
     for path in TUTORIALS:
         first = nbformat.read(path, as_version=4).cells[0]
         assert first.cell_type == "markdown" and first.source.startswith(f"# {path.name[:2]} · "), path.name

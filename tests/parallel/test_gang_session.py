@@ -35,7 +35,7 @@ def test_each_proc_runs_with_the_gpus_the_plan_gave_it(gang):
         if row["role"] in ("trainer", "reference"):
             assert env["LOCAL_RANK"] == str(row["proc"])
     for role in ("trainer", "reference"):  # each proc joined the group at its rank
-        assert [(i.details["rank"], i.details["procs"]) for i in gang.actors.info[role]] == [(0, 2), (1, 2)]
+        assert [(i.details["rank"], i.details["procs"]) for i in gang.fleet.info[role]] == [(0, 2), (1, 2)]
 
 
 def test_a_live_loss_runs_on_every_rank_and_a_bad_one_changes_nothing(gang):

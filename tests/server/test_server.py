@@ -10,6 +10,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import textwrap
 import threading
 import time
@@ -118,6 +119,7 @@ def test_errors_reach_the_client_as_themselves_with_the_servers_traceback(shared
 def test_a_rollout_stays_in_the_server_and_trains_from_its_handle(shared):
     r = shared.rollout()
     assert len(r) == 16 and r.to_pandas().shape[0] == 16 and len(r.episodes[0].completion_ids) > 0
+    assert set(r.agent_stats) == {"turns", "tool_calls", "tool_errors"}  # NaN each: no agent ran (tutorial 08 reads it)
     assert shared.train(r)["policy_version"] == shared.trainer_version
 
 
@@ -175,7 +177,9 @@ def test_a_session_no_one_holds_ends_itself_after_its_idle_timeout(tmp_path):
     assert wait_gone(pids, 30) == []
 
 
-def test_ps_lists_this_users_sessions_and_down_all_ends_them(tmp_path):
+def test_ps_lists_this_users_sessions_and_down_all_ends_them(tmp_path, monkeypatch):
+    # A folder of sessions of its own: --all would end the module's shared session (its scripts inherit it).
+    monkeypatch.setenv("FORGE_NB_RUNTIME_DIR", tempfile.mkdtemp(prefix="sessions-"))
     for name in ("left-1", "left-2"):
         out = _script(
             tmp_path,
@@ -243,3 +247,49 @@ def test_a_scripts_session_ends_when_its_script_is_killed(tmp_path):
         owner.kill()
     assert "owned" not in forge_nb.ps().index
     assert psutil.pid_exists(server) is False or psutil.Process(server).status() == psutil.STATUS_ZOMBIE
+
+
+def test_the_agents_endpoint_is_served_by_the_sessions_server_and_asks_for_its_token(shared):
+    import requests
+
+    endpoint = shared.endpoint()
+    assert requests.get(f"{endpoint.url}/models", timeout=10).status_code == 401
+    headers = {"Authorization": f"Bearer {endpoint.api_key}"}
+    assert requests.get(f"{endpoint.url}/models", headers=headers, timeout=10).status_code == 200
+    with shared.trajectory({"prompt": "1+1="}) as t:  # opened in the server, for an agent elsewhere
+        auth = {"Authorization": f"Bearer {t.api_key}"}
+        assert requests.get(f"{t.base_url}/models", headers=auth, timeout=10).status_code == 200
+        t.reward(1.0)
+    assert requests.get(f"{t.base_url}/models", headers=auth, timeout=10).status_code == 404  # closed
+
+
+def test_while_its_session_goes_down_the_server_says_so_and_is_up_reads_false():
+    """`down` takes seconds, and the server answers calls meanwhile: with SessionDown, which a client's `is_up`
+    reads as False (a dashboard's ticker asked `is_up` in that window and printed a traceback into the notebook)."""
+    from forge_nb.errors import SessionDown
+    from forge_nb.server.server import SessionServer
+
+    server = SessionServer.__new__(SessionServer)  # between `_client_down`'s two halves: no service
+    server._lock, server.calls_in_flight, server.service = threading.Lock(), 0, None
+    kind, failure = server._answer(Hello.here("test"), "facts", (), {}, False)
+    assert kind == "error" and isinstance(failure.exception(), SessionDown)
+
+    def answer(method, *args, **kwargs):
+        raise failure.exception()
+
+    client = SessionClient.__new__(SessionClient)
+    client._closed, client._call = False, answer
+    assert client.is_up is False
+
+
+def test_a_fork_is_held_by_a_client_of_the_forking_clients_class(monkeypatch):
+    """A notebook's `s.fork(step)` is a notebook session too: `dashboard()` on it (tutorial 09) was missing."""
+    import forge_nb.server.start as start
+    from forge_nb.notebook.session import NotebookSession
+
+    seen = {}
+    monkeypatch.setattr(start, "resume", lambda path, client_class: seen.update(path=path, cls=client_class))
+    client = NotebookSession.__new__(NotebookSession)
+    client._closed, client._call = False, lambda method, step: f"/checkpoints/{method}-{step}"
+    client.fork(60)
+    assert seen == {"path": "/checkpoints/checkpoint_before-60", "cls": NotebookSession}

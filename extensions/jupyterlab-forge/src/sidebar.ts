@@ -249,12 +249,9 @@ function actorRow(actor: IActor): HTMLTableRowElement {
   const pids = actor.pids.length === 1 ? `pid ${actor.pids[0]}` : `pids ${actor.pids.join(', ')}`;
   const where = el('td', 'jp-ForgeSidebar-devices', devicesText(actor.devices));
   where.title = actor.hosts.map((h, i) => `proc ${i}: ${h}`).join('\n');
-  row.append(
-    el('td', 'jp-ForgeSidebar-role', actor.role),
-    el('td', 'jp-ForgeSidebar-pids', pids),
-    where,
-    health
-  );
+  const pidsCell = el('td', 'jp-ForgeSidebar-pids', pids);
+  pidsCell.title = pids;
+  row.append(el('td', 'jp-ForgeSidebar-role', actor.role), pidsCell, where, health);
   return row;
 }
 

@@ -4,8 +4,10 @@ the process that holds the session (the session's server, or a kernel or script 
     endpoint = session.serve_tinker()          # 127.0.0.1, a free port; host="0.0.0.0" only when asked
     endpoint.url, endpoint.api_key             # TINKER_BASE_URL, TINKER_API_KEY (a "tml-" key of this session's)
 
-The key is made for the endpoint (random, never written to a log), and every request must carry it; the
-endpoint stops with the session (`Session.down`).
+The key is made for the endpoint (random, never written to a log), and every request must carry it; what the
+endpoint refuses (no key, bytes that are not HTTP, a silent connection) is counted as the "Tinker API <host>:<port>"
+listener's (`runtime.refusals`: the session's "security" events). The endpoint stops with the session
+(`Session.down`).
 """
 
 from __future__ import annotations
@@ -24,7 +26,8 @@ class TinkerEndpoint:
         self.host = host
         self.api_key = f"tml-{secrets.token_urlsafe(32)}"
         self.service = TinkerService(session)
-        self._http = HttpThread(make_app(self.service, self.api_key), host, port, "forge_nb-tinker")
+        app = make_app(self.service, self.api_key, lambda: self._http.listener)
+        self._http = HttpThread(app, host, port, "forge_nb-tinker", "Tinker API")
 
     def start(self) -> TinkerEndpoint:
         try:

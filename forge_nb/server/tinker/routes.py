@@ -1,6 +1,7 @@
 """The REST routes of the Tinker API (Starlette, served by uvicorn in a thread: `endpoint`), under /api/v1.
 
-Every request carries the session's key as ``X-API-Key`` (what the SDK sends from ``TINKER_API_KEY``), else 401.
+Every request carries the session's key as ``X-API-Key`` (what the SDK sends from ``TINKER_API_KEY``), else 401,
+counted as a refusal (`runtime.refusals`: the session's "security" events).
 Errors have Tinker's shape, ``{"detail": message}`` (what its FastAPI server sends; the SDK puts it in its
 exception's message): 400 for a bad request, naming the field; 404 for an unknown id, or for a route this server
 does not serve (the message names it). A request that was queued and then failed answers its future with
@@ -25,6 +26,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from forge_nb.runtime.refusals import REFUSED
 from forge_nb.server.tinker.checkpoints import NotFound
 from forge_nb.server.tinker.futures import Failed
 from forge_nb.server.tinker.service import CLIENT_CONFIG, TinkerService
@@ -34,14 +36,16 @@ PROTOBUF = "application/x-protobuf"
 Handler = Callable[[Request], Awaitable[Response]]
 
 
-def make_app(service: TinkerService, api_key: str) -> Starlette:
-    """The routes of `service`, behind `api_key`."""
+def make_app(service: TinkerService, api_key: str, listener: Callable[[], str] = lambda: "Tinker API") -> Starlette:
+    """The routes of `service`, behind `api_key`; a request without it is a refusal of `listener()`'s."""
 
     def guarded(handler: Callable[[Request], Awaitable[Any]]) -> Handler:
         async def serve(request: Request) -> Response:
             given = request.headers.get("x-api-key", "")
             if not secrets.compare_digest(given.encode(), api_key.encode()):  # in constant time
                 what = "no API key" if not given else "a wrong API key"
+                client = request.client
+                REFUSED.refused(listener(), what, f"{client.host}:{client.port}" if client else "")
                 return _error(401, f"forge_nb Tinker API: {what}; set TINKER_API_KEY to the key the session gave")
             try:
                 answer = await handler(request)

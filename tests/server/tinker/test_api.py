@@ -237,3 +237,21 @@ def test_a_second_model_waits_for_the_first_clients_end_then_takes_the_trainer_a
         assert old.status_code == 400 and "no longer trains" in old.json()["detail"]
         with pytest.raises(tinker.BadRequestError, match="is not this session's model"):
             other.create_lora_training_client(base_model="Qwen/Qwen3-8B", rank=4).result()
+
+
+def test_a_request_without_the_key_is_counted_as_a_refusal_of_the_tinker_listener():
+    from unittest.mock import MagicMock
+
+    from starlette.testclient import TestClient
+
+    from forge_nb.runtime.refusals import REFUSED
+    from forge_nb.server.tinker.routes import make_app
+
+    listener = "Tinker API test:0"
+    service = MagicMock()  # (a 401 never reaches the service)
+    app = TestClient(make_app(service, "tml-right", lambda: listener))
+    assert app.post("/api/v1/client/config", json={}).status_code == 401
+    assert app.post("/api/v1/client/config", json={}, headers={"X-API-Key": "tml-wrong"}).status_code == 401
+    totals = REFUSED.totals()
+    assert totals[f"{listener}: no API key"] == 1 and totals[f"{listener}: a wrong API key"] == 1
+    assert not service.mock_calls
