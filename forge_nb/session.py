@@ -76,6 +76,7 @@ class Session:
         self.generation_lock = threading.RLock()
         self.training_lock = threading.RLock()
         self.runs = RunSlot()
+        self.tinker: Any = None  # `server.tinker.TinkerEndpoint` once `serve_tinker` started it
         # Connections the session's listeners refused, as "security" events (at most one a second).
         self._refused = Refusals(report=lambda what: self._event("security", what))
         self._refused_seen: dict[str, int] = {}
@@ -134,6 +135,8 @@ class Session:
             self.agents.restore()
             self.note_refusals(procs=True, report=False)  # what a host's worker refused before this session started
             heap.hold(self)  # the start-up heap out of full collections while this session is up
+            if cfg.session.tinker_port is not None:
+                self.serve_tinker(cfg.session.tinker_host, cfg.session.tinker_port)
         except Exception as e:
             self.down()
             if isinstance(e, SlurmError):
@@ -360,8 +363,16 @@ class Session:
         return self.live_code.set("loss", fn, version)
 
     def versions(self, kind: str | None = None) -> pd.DataFrame:
-        """Every reward / loss version (and rejected candidate): source, time, validation, status."""
-        return self.live_code.versions(kind)
+        """Every reward / loss version (and rejected candidate): source, time, validation, status; and every
+        policy version the generators were refreshed to (kind "policy": what asked for it, when, bytes, seconds).
+        `kind` ("reward", "loss", "rollout", "env", "policy"): those only."""
+        if kind == "policy":
+            return tables.policy_versions(self.state.metrics, self.state.versions.served)
+        table = self.live_code.versions(kind)
+        if kind is not None:
+            return table
+        refreshes = tables.policy_versions(self.state.metrics, self.state.versions.served)
+        return pd.concat([t for t in (table, refreshes) if not t.empty], ignore_index=True) if len(refreshes) else table
 
     def rescore(self, reward: Callable | str | int, n: int = 256) -> pd.DataFrame:
         """Score the last `n` samples with another reward (a function, source or version number),
@@ -417,11 +428,40 @@ class Session:
         external, self.state.external = self.state.external, None
         if external is not None:
             external.stop()
+        tinker, self.tinker = self.tinker, None
+        if tinker is not None:
+            tinker.stop()
+
+    def serve_tinker(self, host: str = "127.0.0.1", port: int = 0):
+        """The Tinker API (the `tinker` SDK's REST protocol) served by this session, on its own mesh: `.url`
+        (the SDK's ``base_url`` / ``TINKER_BASE_URL``) and `.api_key` (``TINKER_API_KEY``, a ``tml-`` key every
+        request must carry). Started on first use on `host`:`port` (127.0.0.1, a free port: this machine only;
+        another address only where asked for), stopped by `down`; later calls return it. See
+        docs/guides/tinker.md for what is served."""
+        self._require_up()
+        if self.tinker is not None:
+            if host != self.tinker.host or port not in (0, self.tinker.port):
+                raise SessionError(
+                    f"forge_nb: the session already serves the Tinker API at {self.tinker.url} "
+                    f"(host {self.tinker.host!r}); one endpoint per session"
+                )
+            return self.tinker
+        try:
+            from forge_nb.server.tinker import TinkerEndpoint
+        except ImportError as e:
+            raise SessionError(
+                f"forge_nb: the Tinker API needs the tinker SDK ({e}): pip install 'forge_nb[tinker]'"
+            ) from e
+        self.tinker = TinkerEndpoint(self, host, port).start()
+        return self.tinker
 
     # -- inspection ----------------------------------------------------------------------------------------
     def status(self) -> dict[str, Any]:
         """Mesh, actors, versions, the background run, recent events and errors, as a dict (`status`)."""
-        return session_status(self.state, self.fleet, self.live_code, self.runs, self.run_dir)
+        status = session_status(self.state, self.fleet, self.live_code, self.runs, self.run_dir)
+        if self.tinker is not None:
+            status["tinker"] = self.tinker.stats()
+        return status
 
     @property
     def pids(self) -> dict[str, list[int]]:

@@ -160,13 +160,14 @@ def raise_loss_error(trained: dict[str, Any]) -> dict[str, Any]:
     return trained
 
 
-def sync(state: RunState, fleet: Fleet) -> dict[str, Any]:
+def sync(state: RunState, fleet: Fleet, source: str = "session") -> dict[str, Any]:
     """Every generator replica loads the trainer's latest version -> report: version,
-    previous_version, bytes, seconds, transfer_seconds, total_seconds, gbps, skipped, transport."""
+    previous_version, bytes, seconds, transfer_seconds, total_seconds, gbps, skipped, transport. Its "sync" row
+    says what asked for it (`source`: the session's step or sync, or a Tinker client's call)."""
     start = time.perf_counter()
     report = fleet.refresh()
     row = {**report.as_dict(), "total_seconds": time.perf_counter() - start}
-    state.metrics.emit("sync", step=state.step_count, **row)
+    state.metrics.emit("sync", step=state.step_count, source=source, **row)
     return row
 
 

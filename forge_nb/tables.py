@@ -57,3 +57,27 @@ def staleness(metrics: MetricsStream) -> pd.Series:
     """Trained batches by staleness (trainer version - generating version), from the step rows."""
     steps = metrics.to_pandas("step")
     return steps.staleness.value_counts().sort_index() if not steps.empty else pd.Series(dtype=int)
+
+
+POLICY_COLUMNS = ["kind", "version", "status", "change", "created", "refresh_s", "bytes", "transport"]
+
+
+def policy_versions(metrics: MetricsStream, served: int) -> pd.DataFrame:
+    """Every policy version the generators were refreshed to, from the "sync" rows (refreshes that loaded one):
+    what asked for it (`change`: the session's step or sync, a Tinker client's save_weights_for_sampler, ...),
+    when, its seconds and bytes; `status` "served" for the one served now, "retired" before it."""
+    rows = [
+        {
+            "kind": "policy",
+            "version": r["version"],
+            "status": "served" if r["version"] == served else "retired",
+            "change": r.get("source", "session"),
+            "created": pd.Timestamp(r["time"], unit="s"),
+            "refresh_s": r.get("total_seconds"),
+            "bytes": r.get("bytes"),
+            "transport": r.get("transport"),
+        }
+        for r in metrics.rows("sync")
+        if not r.get("skipped")
+    ]
+    return pd.DataFrame(rows, columns=POLICY_COLUMNS)

@@ -16,9 +16,10 @@ from forge_nb.live.capture import LiveCode, compile_function
 from forge_nb.live.validate import CheckFailed, check_loss_value
 from forge_nb.parallel.device import resolve_device
 from forge_nb.parallel.gang import Gang, GangError, collectives
-from forge_nb.parallel.policy import Policy, PolicySpec
+from forge_nb.parallel.policy import AdamStep, Policy, PolicySpec
 from forge_nb.rl import epochs
 from forge_nb.rl.batch import TrainBatch
+from forge_nb.rl.target_batch import Datums
 from forge_nb.rl.update import NonFiniteGradient
 from forge_nb.weights.group import GroupSender, GroupSpec, group_spec
 from forge_nb.weights.manifest import WeightManifest, checksum
@@ -61,6 +62,7 @@ class TrainerSpec(ModelSpec):
     lora: LoraConfig | None = None
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     procs: int = 1  # the gang's size (mesh.trainer_procs): every proc gets this same spec
+    version: int = 0  # the policy version fresh weights are published as (a Tinker create_model's: the next one)
     # Where each rank serves its weights streams (its host's address on the mesh's network, by rank) and the
     # session's secret its readers prove (`weights.stream`); set by the fleet, never in a config or a checkpoint.
     stream_hosts: tuple[str, ...] = ()
@@ -140,7 +142,7 @@ class Trainer(ForgeActor):
         self.policy = Policy(spec.policy(), self.gang)
         self.algorithm = spec.algorithm
         self._use_loss(spec.loss, spec.loss_version)
-        self.version = self._load_state(spec.resume_from) if spec.resume_from else 0
+        self.version = self._load_state(spec.resume_from) if spec.resume_from else spec.version
         # Every rank publishes its own shards (no gather): a generator reads from all ranks at once.
         shards, rows = self.policy.local_published()
         serve_dtype = getattr(torch, spec.serve_dtype)
@@ -280,11 +282,11 @@ class Trainer(ForgeActor):
         self.publisher.unlink()
 
     @endpoint
-    def save(self, path: str) -> int:
+    def save(self, path: str, merged: bool = True) -> int:
         """Write the current weights as an HF model directory (config.json + safetensors) -> version.
-        With LoRA: the adapter in peft's format at `path` and the merged model at path/merged."""
+        With LoRA: the adapter in peft's format at `path`, and (`merged`) the merged model at path/merged."""
         with collectives(self.gang.rank):
-            self.policy.save_pretrained(path, merged=True)
+            self.policy.save_pretrained(path, merged=merged)
         return self.version
 
     @endpoint
@@ -297,6 +299,38 @@ class Trainer(ForgeActor):
             self.policy.save_state(path)
         if self.gang.leader:
             torch.save({"rng": torch.get_rng_state(), "version": self.version}, Path(path) / STATE_FILE)
+        return self.version
+
+    # -- Tinker's training calls (`server.tinker`): gradients accumulate until optim_step publishes -------------
+
+    @endpoint
+    def forward_backward(
+        self, datums: Datums, loss: str, config: dict, forward_only: bool
+    ) -> tuple[list[list[float]], list[float]]:
+        """Tinker's forward_backward (`Policy.forward_backward`) -> (each datum's logprobs, each one's loss)."""
+        with collectives(self.gang.rank):
+            return self.policy.forward_backward(datums, loss, config, forward_only)
+
+    @endpoint
+    def optim_step(self, step: AdamStep) -> dict[str, float]:
+        """Tinker's optim_step (`Policy.optim_step`), then publish the weights as the next policy version ->
+        grad_norm, policy_version and the seconds of the step and of the publish."""
+        start = time.perf_counter()
+        with collectives(self.gang.rank):
+            metrics = self.policy.optim_step(step)
+        stepped = time.perf_counter()
+        self._publish(self.version + 1)
+        end = time.perf_counter()
+        times = {"step_seconds": stepped - start, "publish_seconds": end - stepped}
+        return {**metrics, "policy_version": self.version, **times}
+
+    @endpoint
+    def load_state(self, path: str, optimizer: bool) -> int:
+        """The weights (and with `optimizer` the optimizer state) a `save_state` wrote at `path`, published as
+        the next policy version -> that version."""
+        with collectives(self.gang.rank):
+            self.policy.load_state(path, optimizer)
+        self._publish(self.version + 1)
         return self.version
 
     def _load_state(self, path: str) -> int:

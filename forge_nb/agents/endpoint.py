@@ -10,8 +10,8 @@ Every request carries the endpoint's token (``Authorization: Bearer <token>``, w
 the trajectory id in the path picks the server-side `AgentClient` that records the call's exact
 token ids and logprobs (`agents.client`), so every check of a conversation holds here as in process.
 The routes and the request/response shapes are in `agents.http_api`. A request without the token (401),
-bytes that are not HTTP, and a connection that sends nothing for `FIRST_BYTES_S` (uvicorn itself would hold
-it for ever) are refused and counted (`runtime.refusals`): the session says so in its events.
+bytes that are not HTTP, and a connection that sends nothing for `FIRST_BYTES_S` (`runtime.http_thread`; uvicorn
+itself would hold it for ever) are refused and counted (`runtime.refusals`): the session says so in its events.
 
 A trajectory's calls run on the event loop that opened it (where its batcher gathers the calls of many
 trajectories into one generator batch); one opened outside any loop runs on the server's own loop.
@@ -20,71 +20,14 @@ trajectories into one generator batch); one opened outside any loop runs on the 
 from __future__ import annotations
 
 import asyncio
-import logging
 import secrets
-import socket
 import threading
-import time
 from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
-import uvicorn
-
 from forge_nb.agents.client import AgentClient
-from forge_nb.runtime.refusals import REFUSED
-
-START_TIMEOUT_S = 10.0
-FIRST_BYTES_S = 10.0  # a connection that has sent nothing by then is closed
-
-
-def guarded_protocol(listener: str) -> type[asyncio.Protocol]:
-    """uvicorn's HTTP protocol for `listener`, counting what it refuses: bytes that are not HTTP (uvicorn answers
-    400), and a connection silent for `FIRST_BYTES_S` from its start (closed here: uvicorn's own keep-alive
-    timeout only starts after a first response)."""
-    from uvicorn.protocols.http.auto import AutoHTTPProtocol
-
-    class Guarded(AutoHTTPProtocol):  # type: ignore[valid-type,misc]
-        def connection_made(self, transport: asyncio.BaseTransport) -> None:
-            super().connection_made(transport)
-            self._first_bytes: asyncio.TimerHandle | None = self.loop.call_later(FIRST_BYTES_S, self._silent)
-
-        def data_received(self, data: bytes) -> None:
-            if self._first_bytes is not None:
-                self._first_bytes.cancel()
-                self._first_bytes = None
-            super().data_received(data)
-
-        def connection_lost(self, exc: Exception | None) -> None:
-            if self._first_bytes is not None:
-                self._first_bytes.cancel()
-            super().connection_lost(exc)
-
-        def send_400_response(self, msg: str) -> None:
-            REFUSED.refused(listener, "not HTTP", _peer(self.client))
-            super().send_400_response(msg)
-
-        def _silent(self) -> None:
-            self._first_bytes = None
-            REFUSED.refused(listener, "no request", _peer(self.client))
-            self.transport.close()
-
-    return Guarded
-
-
-def _peer(client: tuple | None) -> str:
-    return f"{client[0]}:{client[1]}" if client else ""
-
-
-class _NotHttpCounted(logging.Filter):
-    """uvicorn's warning for each request that is not HTTP: counted instead (a flood of garbage would fill the
-    session's log)."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not record.getMessage().startswith("Invalid HTTP request received")
-
-
-logging.getLogger("uvicorn.error").addFilter(_NotHttpCounted())
+from forge_nb.runtime.http_thread import HttpThread
 
 
 class EndpointError(RuntimeError):
@@ -115,8 +58,7 @@ class Endpoint:
         self.trajectories: dict[str, Opened] = {}
         self.requests = 0  # every request served (for tests and the benchmark)
         self._next = 0
-        self._server: uvicorn.Server | None = None
-        self._thread: threading.Thread | None = None
+        self._http: HttpThread | None = None
         self._lock = threading.Lock()
 
     # -- lifetime -----------------------------------------------------------------------------------
@@ -124,42 +66,22 @@ class Endpoint:
         """Serve on `host` (a free port when `port` is 0) in a daemon thread -> self, once it listens."""
         from forge_nb.agents.http_api import make_app
 
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((self.host, self.port))
-        self.port = sock.getsockname()[1]
-        config = uvicorn.Config(
-            make_app(self),
-            log_level="warning",
-            access_log=False,
-            lifespan="off",
-            http=guarded_protocol(self.name),
-        )
-        self._server = uvicorn.Server(config)
-        self._thread = threading.Thread(target=self._serve, args=(sock,), name="forge-endpoint", daemon=True)
-        self._thread.start()
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while not self._server.started:
-            if not self._thread.is_alive() or time.monotonic() > deadline:
-                sock.close()
-                raise EndpointError(f"the endpoint did not start on {self.host}:{self.port}")
-            time.sleep(0.01)
+        try:
+            http = HttpThread(make_app(self), self.host, self.port, "forge-endpoint", "agents endpoint")
+            self._http = http.start()
+        except OSError as e:
+            raise EndpointError(f"the endpoint did not start on {self.host}:{self.port}: {e}") from e
+        self.port = self._http.port
         return self
-
-    def _serve(self, sock: socket.socket) -> None:
-        asyncio.run(self._server.serve(sockets=[sock]))  # type: ignore[union-attr]
 
     def stop(self, timeout_s: float = 5.0) -> None:
         """Stop serving and close the port; safe to call twice."""
-        server, thread, self._server, self._thread = self._server, self._thread, None, None
-        if server is None or thread is None:
-            return
-        server.should_exit = True
-        thread.join(timeout_s)
+        if self._http is not None:
+            self._http.stop(timeout_s)
 
     @property
     def running(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
+        return self._http is not None and self._http.running
 
     @property
     def url(self) -> str:

@@ -28,6 +28,8 @@ class SamplingParams:
     to the one that completes the string, its `text` ends before the string. `keep_prefix`: a hint
     that later prompts will extend these (an agent's next turn): the torch engine keeps their keys and
     values for them (`engines.prefix_cache`); vLLM's prefix cache does this for every prompt.
+    `top_k`: sample among the k likeliest tokens only (0: all). `stop_token_ids`: tokens that end a completion
+    besides EOS (kept in it, as EOS is); `ignore_eos`: EOS does not end one (Tinker's ``stop=[]``).
     """
 
     n: int = 1
@@ -37,6 +39,9 @@ class SamplingParams:
     seed: int | None = None
     stop: tuple[str, ...] = ()
     keep_prefix: bool = False
+    top_k: int = 0
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
 
 
 Prompt = str | list[int]

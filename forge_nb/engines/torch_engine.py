@@ -91,6 +91,8 @@ class TorchEngine:
             cache.batch_repeat_interleave(sampling.n)
             mask, positions = mask.repeat_interleave(sampling.n, 0), positions.repeat_interleave(sampling.n, 0)
         next_pos = positions[:, -1:] + 1
+        stops = torch.tensor([*([] if sampling.ignore_eos else [self.eos_id]), *sampling.stop_token_ids])
+        stops = stops.to(self.device, torch.long)
         done = torch.zeros(batch, dtype=torch.bool, device=self.device)
         tokens: list[torch.Tensor] = []
         logps: list[torch.Tensor] = []
@@ -101,7 +103,7 @@ class TorchEngine:
             tokens.append(token)
             logps.append(logp)
             alive.append(~done)
-            done = done | (token == self.eos_id)
+            done = done | torch.isin(token, stops)
             if bool(done.all()) or step == sampling.max_tokens - 1:
                 break
             mask = torch.cat([mask, mask.new_ones((batch, 1))], dim=1)
@@ -166,6 +168,9 @@ class TorchEngine:
             return token, torch.log_softmax(logits, -1).gather(-1, token[:, None])[:, 0]
         logp = torch.log_softmax(logits / sampling.temperature, -1)
         probs = logp.exp()
+        if 0 < sampling.top_k < probs.shape[-1]:
+            kth = probs.topk(sampling.top_k, dim=-1).values[:, -1:]
+            probs = probs.masked_fill(probs < kth, 0.0)
         if sampling.top_p < 1.0:
             probs = _top_p_filter(probs, sampling.top_p)
         token = torch.multinomial(probs, 1, generator=self._generator)[:, 0]

@@ -177,6 +177,9 @@ class VllmEngine:
             max_tokens=sampling.max_tokens,
             seed=seed,
             stop=list(sampling.stop) or None,
+            top_k=sampling.top_k,
+            stop_token_ids=list(sampling.stop_token_ids) or None,
+            ignore_eos=sampling.ignore_eos,
             logprobs=0,  # 0: only the sampled token's logprob
             detokenize=bool(sampling.stop),  # stop strings need text; otherwise we decode once ourselves
         )

@@ -29,7 +29,7 @@ from forge_nb.actors.generator import Generation, Generator, GeneratorSpec
 from forge_nb.actors.reference import Reference, ReferenceSpec
 from forge_nb.actors.reward import RewardSpec, RewardWorker
 from forge_nb.actors.trainer import Trainer, TrainerSpec, TrainResult
-from forge_nb.config import Config
+from forge_nb.config import Config, LoraConfig
 from forge_nb.engines.base import SamplingParams
 from forge_nb.fleet.checker import ROLE as CHECKER
 from forge_nb.fleet.checker import Checker
@@ -45,9 +45,11 @@ from forge_nb.launch.slurm import SlurmMesh
 from forge_nb.live.capture import LiveCode
 from forge_nb.live.registry import Member
 from forge_nb.live.validate import LossProbe
+from forge_nb.parallel.policy import AdamStep
 from forge_nb.rewards.batch import RewardBatch, RewardSample, Scores
 from forge_nb.rl.batch import TrainBatch
 from forge_nb.rl.episode import Episode
+from forge_nb.rl.target_batch import Datums
 from forge_nb.runtime import last_words, supervision
 from forge_nb.runtime.calls import GangFuture, gang_call, on_gang, replica, shards, wait
 from forge_nb.versions import PolicyVersions
@@ -117,6 +119,7 @@ class Fleet:
         self.reward_timeout_s, self.threads = config.live.timeout_s, m.threads_per_proc
         self.generator_procs, self.reward_procs, self.trainer_procs = m.generator_procs, m.reward_procs, m.trainer_procs
         self.info: dict[str, list[ActorInfo]] = {}  # filled by wait_ready
+        self.model_dir = str(config.model.resolved_path())  # the base model (a fresh trainer loads it)
         self.recovery = Recovery(self)
         self.weights = WeightSync(self, versions, config.weights)
         self.restore_from: Callable[[], Path | None] | None = None  # the last checkpoint, to restore a trainer
@@ -331,6 +334,77 @@ class Fleet:
         """Every generator replica loads the version the trainer published last (`weight_sync`)."""
         return self.recovery.supervised("generator", lambda: self.weights.refresh())
 
+    # -- Tinker's calls (`server.tinker`): on the trainer gang and the generator replicas ------------------
+    def forward_backward(
+        self, datums: Datums, loss: str, config: dict[str, float], forward_only: bool
+    ) -> tuple[list[list[float]], list[float]]:
+        """Tinker's forward_backward on the trainer (every rank gets the datums and runs its part): the loss's
+        gradient added to what it accumulated -> (each datum's logprobs, each one's loss). Not issued again on a
+        fresh trainer when its proc died: the gradients accumulated died with it."""
+        args = (datums, loss, config, forward_only)
+        return on_gang(self.trainer, "forward_backward", *args, straggler_s=self.straggler_s)
+
+    def optim_step(self, step: AdamStep) -> dict[str, float]:
+        """Tinker's optim_step on the trainer, which publishes the next policy version -> its metrics."""
+        metrics = on_gang(self.trainer, "optim_step", step, straggler_s=self.straggler_s)
+        self.weights.published(metrics["policy_version"])
+        return metrics
+
+    def load_state(self, path: str, optimizer: bool) -> int:
+        """The trainer loads the state `save_state` wrote at `path` (`optimizer`: its optimizer state too) and
+        publishes it as the next policy version -> that version."""
+        version = on_gang(self.trainer, "load_state", path, optimizer, straggler_s=self.straggler_s)
+        self.weights.published(version)
+        return version
+
+    def save_state(self, path: str) -> int:
+        """The trainer's weights and optimizer state at `path` (`Trainer.save_state`) -> their policy version."""
+        return self.recovery.trainer_saves(lambda: on_gang(self.trainer, "save_state", path))
+
+    def served_logprobs(self, prompt_ids: list[list[int]], completion_ids: list[list[int]]) -> list[list[float]]:
+        """Teacher-forced logprobs (temperature 1) of each completion after its prompt, under the weights the
+        generator replicas serve (split over them, as `generate` splits prompts)."""
+
+        def call() -> list[list[float]]:
+            parts = shards(len(prompt_ids), self.generator_procs)
+            futures = [
+                replica(self.generator, i, self.generator_procs).logprobs.call_one(
+                    prompt_ids[part], completion_ids[part]
+                )
+                for i, part in enumerate(parts)
+            ]
+            return [row for f in futures for row in wait(f)[0]]
+
+        return self.recovery.supervised("generator", call)
+
+    def remodel(self, lora: LoraConfig | None) -> None:
+        """A fresh trainer on the base model (a new LoRA adapter `lora`, or every weight trained: None), its
+        weights published as the next policy version; the generator replicas start afresh as well when they
+        serve differently (an adapter or whole weights, another rank or targets), and every replica attaches to
+        the new trainer (`refresh` then loads the fresh version). What the old trainer held (weights, optimizer
+        state, accumulated gradients) is gone: save it first."""
+        before = self._trainer_spec.lora
+        fresh = self.weights.versions.trained + 1
+        self._trainer_spec = dataclasses.replace(self._trainer_spec, lora=lora, resume_from="", version=fresh)
+        old = self.local_pids("trainer")
+        self.trainer = self.mesh.replace("trainer", Trainer, self._trainer_spec, old, self.trainer_procs, kill=True)
+        self.info["trainer"] = wait(gang_call(self.trainer, "ready"))
+        self.weights.published(fresh)
+        if lora != before:
+            served = self.weights.versions.served
+            self._generator_spec = dataclasses.replace(
+                self._generator_spec, model_dir=self.model_dir, lora=lora, adapter_dir="", version=served
+            )
+            old = self.local_pids("generator")
+            self.generator = self.mesh.replace(
+                "generator", Generator, self._generator_spec, old, procs=self.generator_procs
+            )
+            self.info["generator"] = list(wait(self.generator.ready.call()).values())
+            self.envs.attach_generator()
+        self.weights.attach()
+        what = f"a LoRA adapter of rank {lora.r}" if lora is not None else "every weight"
+        self.on_event("trainer", f"a fresh model from {self.model_dir}, training {what}, as policy v{fresh}")
+
     # -- live code -------------------------------------------------------------------------------------
     def set_rewards(self, members: dict[str, Member], version: int) -> None:
         wait(self.rewards.set_rewards.call(members, version))
@@ -356,9 +430,10 @@ class Fleet:
         if generator_too:
             wait(self.generator.slice(procs=0).save_weights.call_one(str(folder / "generator")))
 
-    def save(self, path: str) -> int:
-        """The trainer's weights as an HF model directory at `path` -> their policy version."""
-        return self.recovery.trainer_saves(lambda: on_gang(self.trainer, "save", path))
+    def save(self, path: str, merged: bool = True) -> int:
+        """The trainer's weights as an HF model directory at `path` (with LoRA the adapter, and with `merged` the
+        merged model in path/merged) -> their policy version."""
+        return self.recovery.trainer_saves(lambda: on_gang(self.trainer, "save", path, merged))
 
     def unlink_shared_memory(self) -> None:
         on_gang(self.trainer, "unlink_shared_memory")

@@ -37,6 +37,7 @@ SUBCOMMANDS = (
     "eval",
     "export",
     "endpoint",
+    "tinker",
     "down",
 )
 
@@ -47,7 +48,7 @@ class ForgeMagics(Magics):
     def forge(self, line: str, cell: str | None = None):
         """``%forge up [--slurm|--hosts H1,..] [--name N] [--new]|attach [NAME]|detach|ps|status|step N|run [N]|``
         ``pause|resume|stop|sync|samples N [--step S] [--prompt ID]|dashboard|explore|watch NAME=THRESHOLD ...|``
-        ``save PATH|versions|eval|export PATH|endpoint|down``
+        ``save PATH|versions|eval|export PATH|endpoint|tinker [--host H] [--port P]|down``
         ``%%forge reward [--name NAME] [--weight W] | %%forge loss | %%forge rollout [--tools a,b] | %%forge env``
         (the cell defines the function -- or the environment class; it is
         validated and made live; --name adds or replaces one of several weighted rewards)"""
@@ -165,6 +166,15 @@ class ForgeMagics(Magics):
         """The session's OpenAI-compatible endpoint for agents in other processes (`s.trajectory(row)`)."""
         endpoint = _session().endpoint()
         return {"url": endpoint.url, "api_key": endpoint.api_key, "trajectory": "with s.trajectory(row) as t: ..."}
+
+    @magic_arguments()
+    @argument("--host", default="127.0.0.1", help="address to listen on (default: this machine only)")
+    @argument("--port", type=int, default=0, help="port (default: a free one)")
+    def _tinker(self, rest: str) -> dict:
+        """The session's Tinker API (`s.serve_tinker()`): what a Tinker script's environment needs."""
+        args = parse_argstring(self._tinker, rest)
+        endpoint = _session().serve_tinker(args.host, args.port)
+        return {"TINKER_BASE_URL": endpoint.url, "TINKER_API_KEY": endpoint.api_key}
 
     @magic_arguments()
     @argument("steps", nargs="?", type=int, default=None, help="steps (default: until %%forge stop)")

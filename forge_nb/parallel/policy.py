@@ -9,7 +9,9 @@ collective); rank 0 (`Gang.leader`) answers. Every rank reads and writes its own
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,10 +24,20 @@ from forge_nb.parallel import fsdp, sharded_load, sharded_save
 from forge_nb.parallel import training_state as state
 from forge_nb.parallel.device import resolve_device
 from forge_nb.parallel.gang import Gang
+from forge_nb.rl import tinker_losses
 from forge_nb.rl.batch import TrainBatch
 from forge_nb.rl.prefix_batch import collate_prefix
 from forge_nb.rl.split import Split, completion_values
-from forge_nb.rl.update import LossFn, UpdateOptions, forward_logprobs, policy_update
+from forge_nb.rl.target_batch import Datums
+from forge_nb.rl.update import (
+    LossFn,
+    NonFiniteGradient,
+    UpdateOptions,
+    accumulate,
+    clip_gradients,
+    forward_logprobs,
+    policy_update,
+)
 
 
 @dataclass(frozen=True)
@@ -74,6 +86,9 @@ class Policy:
         self.model = model
         trainable = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(trainable, lr=spec.lr, weight_decay=0.0) if spec.lr is not None else None
+        #: Tinker's gradients, summed over its forward_backward calls until its optim_step (one per trainable
+        #: parameter, in order; None: none yet). Kept apart from `.grad`, which the session's own steps zero.
+        self.accumulated: list[torch.Tensor | None] | None = None
 
     def _prepare(self, model: torch.nn.Module) -> torch.nn.Module:
         """The loaded (or still empty) model made what this policy trains: an adapter, frozen weights,
@@ -143,6 +158,68 @@ class Policy:
         if self.spec.sharded:
             fsdp.reset_iteration(self.model)
 
+    # -- Tinker's training calls: forward_backward adds gradients, optim_step takes the step -----------------
+    def forward_backward(
+        self, datums: Datums, loss: str, config: dict[str, float], forward_only: bool = False
+    ) -> tuple[list[list[float]], list[float]]:
+        """Tinker's `forward_backward` (or `forward`, `forward_only`) on `datums` with its built-in loss `loss`
+        (`rl.tinker_losses`; `config` checked) -> (each datum's logprobs of its targets, each datum's loss).
+        Logprobs are at temperature 1, as Tinker's are. The loss's gradient is added to what this policy
+        accumulated since the last `optim_step` (each rank runs its part, as an update does); a pass that fails
+        drops what was accumulated (the error says so), so no half-added gradient ever steps."""
+        batch = datums.collate(self.spec.pad_id).to(self.device)
+        split = self.split()
+        if forward_only:
+            logprobs = forward_logprobs(self.model, batch, split, 1.0)
+        else:
+
+            def loss_fn(lp: torch.Tensor, *_: torch.Tensor) -> torch.Tensor:
+                return tinker_losses.total(tinker_losses.per_token(loss, lp, batch.inputs, config), batch.loss_mask)
+
+            with self._accumulating():
+                _, logprobs = accumulate(self.model, batch, loss_fn, UpdateOptions(temperature=1.0, split=split))
+        with torch.no_grad():
+            terms = tinker_losses.per_token(loss, logprobs, batch.inputs, config)
+            losses = tinker_losses.per_datum(terms, batch.loss_mask)
+        return batch.rows(logprobs.cpu()), losses.cpu().tolist()
+
+    @contextmanager
+    def _accumulating(self) -> Iterator[None]:
+        """Backward into `accumulated`: it is each parameter's `.grad` for the pass, then put aside again."""
+        trainable = [p for p in self.model.parameters() if p.requires_grad]
+        kept = self.accumulated or [None] * len(trainable)
+        for p, g in zip(trainable, kept):
+            p.grad = g
+        try:
+            yield
+        except BaseException:
+            self.accumulated = None
+            self._abandon_step()
+            raise
+        self.accumulated = [p.grad for p in trainable]
+        for p in trainable:
+            p.grad = None
+
+    def optim_step(self, step: AdamStep) -> dict[str, float]:
+        """Tinker's `optim_step`: AdamW with `step`'s hyperparameters on the gradients accumulated since the
+        last one (clipped to `step.grad_clip_norm` when > 0) -> grad_norm (before clipping). A non-finite
+        gradient raises `NonFiniteGradient` before anything moves (the gradients are dropped)."""
+        trainable = [p for p in self.model.parameters() if p.requires_grad]
+        for p, g in zip(trainable, self.accumulated or [None] * len(trainable)):
+            p.grad = g
+        self.accumulated = None
+        for group in self.optimizer.param_groups:
+            group.update(
+                lr=step.learning_rate, betas=(step.beta1, step.beta2), eps=step.eps, weight_decay=step.weight_decay
+            )
+        norm = clip_gradients(self.model, step.grad_clip_norm if step.grad_clip_norm > 0 else math.inf, self.split())
+        if not torch.isfinite(norm):
+            self.optimizer.zero_grad(set_to_none=True)
+            raise NonFiniteGradient(f"the accumulated gradient's norm is {norm.item()}; no step was taken")
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return {"grad_norm": norm.item()}
+
     @torch.no_grad()
     def logprobs(self, prompt_ids: list[list[int]], completion_ids: list[list[int]]) -> list[list[float]]:
         """Each completion's token logprobs after its prompt (``logits / temperature``; no grad): every
@@ -202,9 +279,26 @@ class Policy:
         """Trainable weights and optimizer state, each rank its shards (`parallel.training_state`)."""
         state.save(folder, self.model, self.optimizer)
 
-    def load_state(self, folder: str | Path) -> None:
-        """What `save_state` wrote, at any number of ranks."""
+    def load_state(self, folder: str | Path, optimizer: bool = True) -> None:
+        """What `save_state` wrote, at any number of ranks; `optimizer` False: the weights only, the optimizer
+        starting afresh (Tinker's `load_state` without the optimizer). Gradients accumulated are dropped."""
         state.load(folder, self.model, self.optimizer)
+        if not optimizer:
+            self.optimizer.state.clear()
+        self.accumulated = None
+
+
+@dataclass(frozen=True)
+class AdamStep:
+    """One Tinker `optim_step`'s AdamW hyperparameters (the SDK's `AdamParams`, its defaults): decoupled weight
+    decay, and the global gradient norm clipped to `grad_clip_norm` (0: no clipping)."""
+
+    learning_rate: float = 1e-4
+    beta1: float = 0.9
+    beta2: float = 0.95
+    eps: float = 1e-12
+    weight_decay: float = 0.0
+    grad_clip_norm: float = 0.0
 
 
 @torch.no_grad()

@@ -47,7 +47,7 @@ ONE_RANK = Split()
 def row_costs(batch: PrefixBatch | TokenBatch) -> tuple[list[int], list[int]]:
     """-> (cost of each row alone, the prompt each row continues) in padded tokens: a prefix row costs
     its completion width plus, once per micro-batch, its prompt's width; a full-sequence row its width."""
-    if isinstance(batch, PrefixBatch):
+    if hasattr(batch, "prompt_of"):  # a `PrefixBatch`, or Tinker datums sharing prefixes (`rl.target_batch`)
         width = batch.completion_ids.shape[1]
         return [width] * len(batch.prompt_of), batch.prompt_of.tolist()
     rows = batch.input_ids.shape[0]
@@ -56,7 +56,7 @@ def row_costs(batch: PrefixBatch | TokenBatch) -> tuple[list[int], list[int]]:
 
 def prompt_width(batch: PrefixBatch | TokenBatch) -> int:
     """Padded tokens a micro-batch pays once for each distinct prompt it holds (0 for full sequences)."""
-    return batch.prompt_ids.shape[1] if isinstance(batch, PrefixBatch) else 0
+    return batch.prompt_ids.shape[1] if hasattr(batch, "prompt_of") else 0
 
 
 def partition(rows: list[int], costs: list[int], parts: int) -> list[list[int]]:

@@ -144,6 +144,21 @@ def policy_update(
     return {"loss": loss.item(), "grad_norm": grad_norm.item(), **metrics, "micro_batches": work.count}, logprobs
 
 
+def accumulate(
+    model: nn.Module, batch, loss_fn: LossFn, options: UpdateOptions = UpdateOptions()
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Forward, loss, backward, and no optimizer step: the loss's gradient is added to each trainable
+    parameter's ``.grad`` (gradient accumulation: Tinker's `forward_backward`, the step comes with its
+    `optim_step`) -> (the loss, detached; the batch's logprobs [B, T], detached). Every row runs; the split
+    over ranks and micro-batches, and the loss seeing the whole batch, are `policy_update`'s. `batch` is any
+    batch `rl.split` can plan (a `rl.target_batch.TargetBatch`: `loss_fn` reads its inputs itself)."""
+    model.train()
+    ran = torch.ones_like(batch.advantages, dtype=torch.bool)
+    work = plan(batch, ran, options.split)
+    passes = _one_pass if work.count == 1 else _two_passes
+    return passes(model, batch, work, ran, options, loss_fn, {}, None)
+
+
 @torch.no_grad()
 def update_metrics(
     batch: PrefixBatch | TokenBatch,

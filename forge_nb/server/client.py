@@ -331,6 +331,13 @@ class SessionClient:
 
         return EndpointView(**self._call("endpoint", host))
 
+    def serve_tinker(self, host: str = "127.0.0.1", port: int = 0):
+        """The Tinker API served by the session's server (see `Session.serve_tinker`): `.url`, `.api_key`,
+        `.env()` for a script's environment."""
+        from forge_nb.server.views import TinkerView
+
+        return TinkerView(**self._call("serve_tinker", host, port))
+
     @contextmanager
     def trajectory(self, row: dict) -> Iterator[Any]:
         """One trajectory of `row` for an agent in another process (see `Session.trajectory`)."""

@@ -10,10 +10,10 @@ credentials) before anything it sends is read. A connection that stalls in the h
 `HANDSHAKE_S`; one that sends something malformed, or goes away mid-call, is closed, and the session goes on.
 Each refusal is counted (`runtime.refusals`) and said in the session's events, at most once a second.
 
-It ends on a client's `down`, on SIGTERM or SIGINT, or when no client has been attached and no background run has
-been running for `session.idle_timeout_s`; its procs go with it (`Session.down`). Killed outright, its procs are
-taken down by Monarch as the controller's connection to them drops, and its folder stays for `forge-nb ps` to
-report it gone, with its last checkpoint.
+It ends on a client's `down`, on SIGTERM or SIGINT, or when no client has been attached, no background run has
+been running and no Tinker client has been at work for `session.idle_timeout_s`; its procs go with it
+(`Session.down`). Killed outright, its procs are taken down by Monarch as the controller's connection to them drops,
+and its folder stays for `forge-nb ps` to report it gone, with its last checkpoint.
 """
 
 from __future__ import annotations
@@ -196,13 +196,15 @@ class SessionServer:
             return sorted({hello.who for hello in self.clients.values()})
 
     def _idle_for(self) -> float:
-        """Seconds with no client attached, no call in flight and no background run running (0: not idle)."""
+        """Seconds with no client attached, no call in flight, no background run running and no Tinker client at work
+        (0: not idle)."""
         with self._lock:
             if self.clients or self.calls_in_flight:
                 self.idle_since = time.monotonic()
                 return 0.0
         run = self.service.session.background if self.service is not None else None
-        if run is not None and run.state == "running":
+        tinker = self.service.session.tinker if self.service is not None else None
+        if (run is not None and run.state == "running") or (tinker is not None and tinker.service.busy()):
             self.idle_since = time.monotonic()
             return 0.0
         return time.monotonic() - self.idle_since

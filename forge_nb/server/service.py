@@ -309,6 +309,10 @@ class SessionService:
         endpoint = self.session.endpoint(host)
         return {"url": endpoint.url, "api_key": endpoint.api_key}
 
+    def remote_serve_tinker(self, who: str, host: str = "127.0.0.1", port: int = 0) -> dict[str, str]:
+        endpoint = self.session.serve_tinker(host, port)
+        return {"url": endpoint.url, "api_key": endpoint.api_key}
+
     def remote_open_trajectory(self, who: str, row: dict) -> dict[str, str]:
         manager = self.session.trajectory(row)
         opened = manager.__enter__()

@@ -19,6 +19,19 @@ class EndpointView:
 
 
 @dataclass
+class TinkerView:
+    """The session's Tinker API: its base URL (``TINKER_BASE_URL``) and the ``tml-`` key every request carries
+    (``TINKER_API_KEY``; not in the repr, which a log may keep)."""
+
+    url: str
+    api_key: str = field(repr=False)
+
+    def env(self) -> dict[str, str]:
+        """What a script's environment needs for ``tinker.ServiceClient()`` to reach the session."""
+        return {"TINKER_BASE_URL": self.url, "TINKER_API_KEY": self.api_key}
+
+
+@dataclass
 class TrajectoryView:
     """An open trajectory for an outside agent: its `base_url` and `api_key`; `reward(x)` sets its reward (sent
     when the `with` block ends)."""

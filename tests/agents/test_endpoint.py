@@ -12,12 +12,12 @@ import openai
 import pytest
 import requests
 
-from forge_nb.agents import endpoint as endpoint_module
 from forge_nb.agents.batching import GenerationBatcher
 from forge_nb.agents.client import AgentClient, Limits
 from forge_nb.agents.endpoint import Endpoint
 from forge_nb.agents.tools import tool_schema
 from forge_nb.agents.trajectory import Trajectory
+from forge_nb.runtime import http_thread
 from forge_nb.runtime.refusals import REFUSED
 from tests.agents.conftest import ScriptedBackend, multiply
 
@@ -84,7 +84,7 @@ def refused(endpoint: Endpoint) -> dict[str, int]:
 
 
 def test_no_token_garbage_and_silent_connections_are_refused_and_counted_while_it_serves(tokenizer, monkeypatch):
-    monkeypatch.setattr(endpoint_module, "FIRST_BYTES_S", 0.5)
+    monkeypatch.setattr(http_thread, "FIRST_BYTES_S", 0.5)
     endpoint = Endpoint().start()
     backend = ScriptedBackend(tokenizer, lambda p: "42")
     tid = endpoint.open(AgentClient(GenerationBatcher(backend, window_s=0.001), tokenizer, Trajectory(row={})))

@@ -102,3 +102,24 @@ def test_score_is_the_teacher_forced_logprob_of_a_greedy_completion(engine):
     (out,) = engine.generate(["25+17="], SamplingParams(n=1, temperature=0.0, max_tokens=5))
     (scored,) = engine.logprobs([out[0].prompt_ids], [out[0].token_ids])
     assert torch.allclose(torch.tensor(scored), torch.tensor(out[0].logprobs), atol=1e-5)
+
+
+def test_stop_token_ids_end_a_completion_and_stay_in_it(engine):
+    free = engine.generate(["47+38="], SamplingParams(n=16, max_tokens=6, seed=3))[0]
+    stopper = next(t for c in free for t in c.token_ids[:-1] if t != engine.eos_id)  # a token sampled mid-way
+    out = engine.generate(["47+38="], SamplingParams(n=16, max_tokens=6, seed=3, stop_token_ids=(stopper,)))[0]
+    for c in out:
+        assert c.token_ids.count(stopper) <= 1 and (stopper not in c.token_ids or c.token_ids[-1] == stopper)
+        assert (c.finish_reason == "stop") == (c.token_ids[-1] in (stopper, engine.eos_id))
+    assert any(c.token_ids[-1] == stopper for c in out)
+
+
+def test_ignore_eos_samples_to_max_tokens(engine):
+    out = engine.generate(["1+1="], SamplingParams(n=8, max_tokens=6, seed=0, ignore_eos=True))[0]
+    assert all(len(c.token_ids) == 6 and c.finish_reason == "length" for c in out)
+
+
+def test_top_k_samples_only_among_the_k_likeliest(engine):
+    greedy = engine.generate(["12+9="], SamplingParams(n=1, temperature=0.0, max_tokens=4))[0][0]
+    top_one = engine.generate(["12+9="], SamplingParams(n=8, temperature=1.0, max_tokens=4, seed=5, top_k=1))[0]
+    assert all(c.token_ids == greedy.token_ids for c in top_one)
