@@ -16,8 +16,8 @@ import nbformat
 SUITE: dict[str, dict[str, object]] = {
     "01_quickstart.ipynb": {"STEPS": 100},
     "02_live_reward.ipynb": {"FIRST": 20, "STEPS": 30},
-    "03_live_loss.ipynb": {"SEGMENT": 15, "STEPS": 10},
-    "04_weights_and_throughput.ipynb": {"STEPS": 30},
+    "03_live_loss.ipynb": {"SEGMENT": 15, "STEPS": 10, "SEEDS": 1},
+    "04_weights_and_throughput.ipynb": {"STEPS": 30, "REFRESHES": 2},
     "05_your_data_and_a_real_model.ipynb": {"STEPS": 1, "FIXED": 1, "HELDOUT": 10},
     "06_async_and_staleness.ipynb": {"SECONDS": 15},
     "08_agents.ipynb": {"STEPS": 1, "TRIES": 1, "HELDOUT": 10},
