@@ -41,6 +41,7 @@ from forge_nb.server.registry import SessionDir, SessionInfo
 from forge_nb.server.service import Busy
 
 HANDSHAKE_S = 30.0  # a connection that has not proven the key by then is dropped
+DOWN_WAITS_S = 120.0  # `down` waits this long at most for another client's command in flight (a save) to end
 HEARTBEAT_S = 2.0  # how often info.json is brought up to date (and what the listeners refused is said)
 LISTENER = "session socket"
 
@@ -311,6 +312,7 @@ class SessionServer:
         try:
             service = self._take_service()
             if service is not None:
+                service.finish_commands(DOWN_WAITS_S)  # another client's save ends whole; its step(n) stops
                 service.session.down()
         finally:
             self.ending.set()

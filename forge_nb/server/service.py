@@ -83,6 +83,13 @@ class SessionService:
             self.holder = None
             self._command.release()
 
+    def finish_commands(self, timeout: float) -> bool:
+        """Before `down`: a `step(n)` in flight stops at its next step boundary, and the command in flight (a
+        save, a step) is waited for up to `timeout` s -> whether it ended (then no other starts: the lock is kept,
+        as the service is going down)."""
+        self.session.interrupt_steps()
+        return self._command.acquire(timeout=timeout)
+
     def _no_running_run(self, method: str) -> None:
         run = self.session.background
         if run is not None and run.state == "running":

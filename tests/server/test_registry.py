@@ -96,8 +96,11 @@ def test_a_down_that_fails_is_told_to_the_client_and_the_server_ends_anyway(tmp_
     server.folder.path.mkdir()
     server.info = SessionInfo("s", os.getpid(), os.uname().nodename, time.time(), state="up")
     server._lock, server.calls_in_flight, server.ending = threading.Lock(), 0, threading.Event()
-    server.service, server.run_dir = types.SimpleNamespace(session=Stuck()), None
+    waited = []
+    service = types.SimpleNamespace(session=Stuck(), finish_commands=waited.append)
+    server.service, server.run_dir = service, None
     kind, failure = server._answer(Hello.here("test"), "down", (), {}, True)
     assert kind == "error" and "trainer (pid 4242)" in str(failure.exception())
     assert server.ending.is_set() and server.service is None  # it ends; a call meanwhile is SessionDown
     assert server.folder.info().state == "down" and server.run_dir == tmp_path / "run"  # (its log goes there)
+    assert waited  # another client's command in flight was let end first
