@@ -216,9 +216,9 @@ def _end(folder: SessionDir) -> str:
         return f"{folder.name}: its server did not answer ({type(e).__name__}: {e}); stopped by signal"
 
 
-def _signal_down(pid: int, grace_s: float = 20.0, started: float = 0.0) -> None:
+def _signal_down(pid: int, grace_s: float = 60.0, started: float = 0.0) -> None:
     """SIGTERM, then SIGKILL after `grace_s`, to the server `pid` (started at `started`: not a process that
-    reuses its pid)."""
+    reuses its pid). SIGTERM ends the session as `down` does; the grace lets a Slurm session's cancel finish."""
     try:
         process = psutil.Process(pid)
         if not same_process(pid, started) or "forge_nb.server" not in process.cmdline():
