@@ -1,6 +1,7 @@
 """binder/ alone builds an environment that runs the quickstart: a copy of the repository (what a clone has),
-a fresh virtualenv of binder/runtime.txt's Python, `pip install -r binder/requirements.txt` from the copy's root,
-then `binder/postBuild`, as repo2docker does; then tutorial 01 executes in that environment's own kernel
+a fresh virtualenv of binder/runtime.txt's Python, `pip install -r binder/requirements.txt` from the copy's root
+(by uv from the suite's wheel cache when it holds them all: `install_requirements`), then `binder/postBuild`, as
+repo2docker does; then tutorial 01 executes in that environment's own kernel
 (`jupyter nbconvert --execute`, which stops at the first cell that raises), with the suite's shorter values
 in its parameters cell, as under nbval (tests/notebook/parameters.py).
 
@@ -20,6 +21,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -30,7 +32,7 @@ import pytest
 from tests.conftest import wait_no_children
 from tests.notebook import parameters
 
-# A build (no cache) is ~8 min on 2 loaded cores, the tutorial ~3 more: past the suite's 600 s default.
+# A build by pip (no cache) is ~8 min on 2 loaded cores, the tutorial ~3 more: past the suite's 600 s default.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -109,9 +111,30 @@ def build(root: Path) -> tuple[Path, Path, dict[str, str]]:
     assert python, f"binder/runtime.txt asks for Python {version}, which is not on PATH here"
     env = binder_env(venv, home)
     run([python, "-m", "venv", str(venv)], repo, env, 120)
-    run(["python", "-m", "pip", "install", "--quiet", "-r", "binder/requirements.txt"], repo, env, 1500)
+    install_requirements(repo, venv, env)
     run(["bash", "binder/postBuild"], repo, env, 900)
     return repo, venv, env
+
+
+def install_requirements(repo: Path, venv: Path, env: dict[str, str]) -> None:
+    """`binder/requirements.txt` into `venv`: by the suite's own uv from its cache, offline (the venv `make`
+    built holds every pinned wheel, so this takes seconds: pip, as repo2docker runs it, downloads them all again,
+    ~8 min on 2 cores); by pip, as repo2docker does, when the cache lacks one. The same file, the same pins."""
+    uv = shutil.which("uv", path=str(Path(sys.executable).parent))
+    if uv is not None:
+        links = subprocess.run(
+            [sys.executable, "-m", "pip", "config", "get", "global.find-links"], capture_output=True, text=True
+        ).stdout.split()
+        cmd = [uv, "pip", "install", "-q", "--offline", "--python", str(venv / "bin" / "python")]
+        cmd += [arg for link in links for arg in ("--find-links", link)]
+        # (HOME is the build's own: uv's cache is found where the suite's uv keeps it)
+        cache = {"UV_CACHE_DIR": os.environ.get("UV_CACHE_DIR", str(Path.home() / ".cache" / "uv"))}
+        done = subprocess.run(
+            [*cmd, "-r", "binder/requirements.txt"], cwd=repo, env={**env, **cache}, capture_output=True
+        )
+        if done.returncode == 0:
+            return
+    run(["python", "-m", "pip", "install", "--quiet", "-r", "binder/requirements.txt"], repo, env, 1500)
 
 
 @contextlib.contextmanager
