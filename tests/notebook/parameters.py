@@ -21,7 +21,7 @@ SUITE: dict[str, dict[str, object]] = {
     "05_your_data_and_a_real_model.ipynb": {"STEPS": 1, "FIXED": 1, "HELDOUT": 10},
     "06_async_and_staleness.ipynb": {"SECONDS": 15},
     "08_agents.ipynb": {"STEPS": 1, "TRIES": 1, "HELDOUT": 10},
-    "09_debugging_a_run.ipynb": {"GOOD": 20, "LIMIT": 30, "AFTER": 10, "JUDGED": 1, "LORA_STEPS": 3},
+    "09_debugging_a_run.ipynb": {"GOOD": 20, "LIMIT": 30, "AFTER": 10, "JUDGED": 1, "LORA_STEPS": 3, "LORA_SEEDS": 1},
     "10_a_session_that_outlives_its_kernel.ipynb": {"SECONDS": 3},
 }
 
