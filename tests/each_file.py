@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import re
 import subprocess
 import sys
@@ -21,6 +22,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+#: The environment as it was before conftest's import, which points this process at a suite temp folder of its
+#: own (tests/suite_tmp.py: TMPDIR, the run's folder, its sessions' runtime folder): each file's run makes its
+#: own, or two runs at once would share one, see each other's leftovers and attach to each other's sessions.
+ENV = dict(os.environ)
 sys.path.insert(0, str(ROOT))
 from conftest import file_group  # noqa: E402  (the suite's own grouping says which files start Slurm)
 
@@ -39,6 +44,7 @@ def run_alone(path: Path, slurm: threading.Lock, cache: dict) -> tuple[str, int,
         done = subprocess.run(
             [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(path.relative_to(ROOT))],
             cwd=ROOT,
+            env=ENV,
             capture_output=True,
             text=True,
         )
