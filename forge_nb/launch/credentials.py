@@ -38,6 +38,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from forge_nb.private_files import write_private
+
 DEFAULT_DIR = "~/.forge_nb/credentials"
 CA_CERT, CA_KEY = "ca.crt", "ca.key"
 CA_DAYS = 365
@@ -67,14 +69,6 @@ def _pem_key(key: ec.EllipticCurvePrivateKey) -> bytes:
     return key.private_bytes(
         serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
     )
-
-
-def _write_private(path: Path, data: bytes) -> None:
-    """`data` into a new file only this user can read (created 0600, never readable by others for an instant)."""
-    path.unlink(missing_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
 
 
 def private_folder(folder: Path) -> None:
@@ -135,8 +129,8 @@ class Credentials:
             .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
             .sign(key, hashes.SHA256())
         )
-        _write_private(folder / CA_KEY, _pem_key(key))
-        _write_private(folder / CA_CERT, cert.public_bytes(serialization.Encoding.PEM))
+        write_private(folder / CA_KEY, _pem_key(key))
+        write_private(folder / CA_CERT, cert.public_bytes(serialization.Encoding.PEM))
         return cls(folder, cert, key)
 
     @classmethod

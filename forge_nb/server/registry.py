@@ -31,6 +31,8 @@ from typing import Any
 
 import psutil
 
+from forge_nb.private_files import write_private
+
 INFO, SOCKET, KEY, LOG = "info.json", "socket", "key", "server.log"
 CLAIM = ".claim"  # in the runtime folder: held while a name is picked and its folder made (`claiming`)
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
@@ -223,14 +225,6 @@ def sessions() -> list[SessionDir]:
     """Every session folder of this user, oldest first."""
     found = [SessionDir(p) for p in runtime_dir().iterdir() if p.is_dir() and (p / INFO).exists()]
     return sorted(found, key=lambda d: d.info().created if d.info() else 0.0)
-
-
-def write_private(path: Path, data: bytes) -> None:
-    """`data` into a new file only this user can read (created 0600, never world-readable for an instant)."""
-    path.unlink(missing_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
 
 
 def _age(seconds: float) -> str:

@@ -24,6 +24,7 @@ import psutil
 
 from forge_nb.config import Config, ConfigError
 from forge_nb.errors import SessionError
+from forge_nb.private_files import write_private
 from forge_nb.server.client import SessionClient, SessionGone, attach_to
 from forge_nb.server.protocol import REQUEST, StartRequest
 from forge_nb.server.registry import (
@@ -34,7 +35,6 @@ from forge_nb.server.registry import (
     same_process,
     sessions,
     valid_name,
-    write_private,
 )
 
 SOCKET_WAIT_S = 120.0  # a server that has not opened its socket by then is not coming (its log says why)
