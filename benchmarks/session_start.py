@@ -13,6 +13,10 @@ forked session would take the lingering server), after one that starts the serve
 session, the server included, and anything else running then (run it on an idle machine).
 
     python benchmarks/session_start.py [--sessions 5] [--steps 2]
+
+``--server``: sessions as a notebook or script starts them, `forge_nb.up()` (each its own session server), "own
+interpreter" ``FORGE_NB_FORK_PREFORK=0`` (the server's mesh starts a fork server that imports torch and
+transformers again) against "forked from the server" (the default: `forge_nb.launch.forks.early`), alternating.
 """
 
 from __future__ import annotations
@@ -53,11 +57,54 @@ def timed_session(steps: int, **options) -> dict[str, float]:
     return {"up": t1 - t0, "steps": t2 - t1, "down": t3 - t2, "cpu": busy_s() - cpu0}
 
 
+def server_session(prefork: str, steps: int) -> dict[str, float]:
+    """`forge_nb.up()` (a session server of its own), `steps` steps, down, with ``FORGE_NB_FORK_PREFORK=prefork``
+    (the server inherits it) -> seconds of each, and the machine's CPU meanwhile (the server's included)."""
+    import forge_nb
+
+    os.environ["FORGE_NB_FORK_PREFORK"] = prefork
+    cpu0, t0 = busy_s(), time.perf_counter()
+    session = forge_nb.up(persist=False, **SESSION)
+    t1 = time.perf_counter()
+    session.step(steps, progress=False)
+    t2 = time.perf_counter()
+    session.down()
+    t3 = time.perf_counter()
+    return {"up": t1 - t0, "steps": t2 - t1, "down": t3 - t2, "cpu": busy_s() - cpu0}
+
+
+def print_table(title: str, runs: dict[str, list[dict[str, float]]], ratios: list[tuple[str, str]]) -> None:
+    print(title)
+    header = "".join(f"{side + ' (mean ± sd)':>36}" for side in runs)
+    print(f"{'seconds':<8}{header}" + "".join(f"{a + ' / ' + b:>40}" for a, b in ratios))
+    for what in ("up", "steps", "down", "cpu"):
+        cells, means = "", {}
+        for side, rows in runs.items():
+            values = [r[what] for r in rows]
+            means[side] = statistics.mean(values)
+            cells += f"{means[side]:>27.2f} ± {statistics.stdev(values) if len(values) > 1 else 0.0:<6.2f}"
+        print(f"{what:<8}{cells}" + "".join(f"{means[a] / means[b]:>39.2f}x" for a, b in ratios))
+
+
+def main_server(sessions: int, steps: int) -> None:
+    sides = {"own interpreter": "0", "forked from the server": "1"}
+    runs: dict[str, list[dict[str, float]]] = {side: [] for side in sides}
+    for _ in range(sessions):
+        for side, prefork in sides.items():
+            runs[side].append(server_session(prefork, steps))
+    title = f"\nforge_nb.up() of the bundled model (a session server each), up + {steps} steps + down; the fork server"
+    print_table(f"{title}'s; n = {sessions} sessions a side", runs, [("own interpreter", "forked from the server")])
+    os.environ.pop("FORGE_NB_FORK_PREFORK")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sessions", type=int, default=5, help="sessions per side")
     parser.add_argument("--steps", type=int, default=2)
+    parser.add_argument("--server", action="store_true", help="forge_nb.up(): the fork server forked from the server")
     args = parser.parse_args()
+    if args.server:
+        return main_server(args.sessions, args.steps)
     one_session(SIDES["fresh"], 1)  # warm-up: this process imports what a kernel has after its first session
     runs: dict[str, list[dict[str, float]]] = {side: [] for side in SIDES}
     for _ in range(args.sessions):
@@ -65,16 +112,8 @@ def main() -> None:
             runs[side].append(one_session(SIDES[side], args.steps))
     one_session(SIDES["lingering"], args.steps)  # starts the server the lingering sessions find
     runs["lingering"] = [one_session(SIDES["lingering"], args.steps) for _ in range(args.sessions)]
-    print(f"\nsession of the bundled model, up + {args.steps} steps + down; n = {args.sessions} sessions a side")
-    header = "".join(f"{side + ' (mean ± sd)':>24}" for side in SIDES)
-    print(f"{'seconds':<8}{header}{'fresh / forked':>16}{'fresh / lingering':>19}")
-    for what in ("up", "steps", "down", "cpu"):
-        cells, means = "", []
-        for side in SIDES:
-            values = [r[what] for r in runs[side]]
-            means.append(statistics.mean(values))
-            cells += f"{means[-1]:>15.2f} ± {statistics.stdev(values) if len(values) > 1 else 0.0:<6.2f}"
-        print(f"{what:<8}{cells}{means[0] / means[1]:>15.2f}x{means[0] / means[2]:>18.2f}x")
+    title = f"\nsession of the bundled model, up + {args.steps} steps + down; n = {args.sessions} sessions a side"
+    print_table(title, runs, [("fresh", "forked"), ("fresh", "lingering")])
     for name in ("FORGE_NB_FORK_PROCS", "FORGE_NB_FORK_LINGER_S"):
         os.environ.pop(name)
 

@@ -29,7 +29,8 @@ from monarch.actor import attach_to_workers, enable_transport
 
 from forge_nb.launch.credentials import Credentials, CredentialsError
 from forge_nb.launch.forks import on_workers as workerforks
-from forge_nb.launch.local import STOP_TIMEOUT_S, LocalMesh, forks_wanted
+from forge_nb.launch.forks.server import forks_wanted
+from forge_nb.launch.local import STOP_TIMEOUT_S, LocalMesh
 from forge_nb.launch.placement import Placement
 from forge_nb.runtime import calls
 from forge_nb.runtime.calls import wait

@@ -15,31 +15,12 @@ from monarch.actor import ProcMesh, default_bootstrap_cmd, this_host
 
 from forge_nb.launch import quiet
 from forge_nb.launch.forks import server as forkserver
+from forge_nb.launch.forks.server import forks_wanted
 from forge_nb.launch.placement import Placement
+from forge_nb.launch.shared_cores import proc_env
 from forge_nb.launch.torchrun import start_gang
 from forge_nb.runtime.calls import wait
 from forge_nb.runtime.supervision import FAULTS, mesh_name
-
-#: OpenMP busy-wait iterations before an idle thread sleeps, in every proc of a local mesh. libgomp's default
-#: (300000, milliseconds of spinning) suits one process that has the cores to itself; a mesh's procs take turns
-#: on the same cores (generator, then reward, trainer, generator), and each one's threads kept spinning through
-#: the next one's phase: benchmarks/overhead.py's mesh step took 57 ms at libgomp's default, 45 ms at 10000 (also
-#: 1000 and 30000 were measured; the plain loop, 34 ms, is one process and keeps the default).
-SPINCOUNT = "10000"
-
-
-def proc_env() -> dict[str, str]:
-    """Environment variables this host's procs get on top of the kernel's: a short OpenMP spin
-    (`SPINCOUNT`), unless the user chose a wait policy (GOMP_SPINCOUNT or OMP_WAIT_POLICY set)."""
-    if "GOMP_SPINCOUNT" in os.environ or "OMP_WAIT_POLICY" in os.environ:
-        return {}
-    return {"GOMP_SPINCOUNT": SPINCOUNT}
-
-
-def forks_wanted() -> bool:
-    """Whether procs may fork from a fork server at all: unless ``FORGE_NB_FORK_PROCS=0``."""
-    return os.environ.get("FORGE_NB_FORK_PROCS", "1") != "0"
-
 
 STOP_TIMEOUT_S = 20.0  # a proc whose actor is wedged (a live function spinning) stops by its cleanup deadline
 

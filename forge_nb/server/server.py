@@ -35,6 +35,7 @@ from typing import Any
 import psutil
 
 from forge_nb.errors import SessionDown
+from forge_nb.launch.forks import early
 from forge_nb.runtime.refusals import REFUSED, raise_open_files_limit
 from forge_nb.server.protocol import REQUEST, Failure, Hello, StartRequest
 from forge_nb.server.registry import SessionDir, SessionInfo
@@ -119,6 +120,7 @@ class SessionServer:
             self.folder.write_info(self.info)
             self.up.set()
             return False
+        early.drop_unused()  # the fork server forked before Monarch (`python -m forge_nb.server`), if no mesh took it
         self.service = SessionService(session, self.folder.name)
         self.service.clients = self._client_names
         self.idle_timeout_s = self.info.idle_timeout_s = session.config.session.idle_timeout_s  # (a resume's own)

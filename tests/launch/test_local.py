@@ -1,11 +1,12 @@
-"""The local mesh's procs: their OpenMP spin is short unless the user chose a wait policy."""
+"""The local mesh's procs: their OpenMP spin is short unless the user chose a wait policy (`launch.shared_cores`)."""
 
 from __future__ import annotations
 
 import os
 
-from forge_nb.launch import local
-from forge_nb.launch.local import LocalMesh, proc_env
+from forge_nb.launch import shared_cores
+from forge_nb.launch.local import LocalMesh
+from forge_nb.launch.shared_cores import proc_env
 from forge_nb.runtime.calls import wait
 from tests.conftest import child_processes, wait_no_children
 from tests.fleet.probe import EnvProbe
@@ -14,7 +15,7 @@ from tests.fleet.probe import EnvProbe
 def test_procs_spin_briefly_unless_the_user_set_a_wait_policy(monkeypatch):
     for name in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY"):  # the suite sets OMP_WAIT_POLICY (conftest.py)
         monkeypatch.delenv(name, raising=False)
-    assert proc_env() == {"GOMP_SPINCOUNT": local.SPINCOUNT}
+    assert proc_env() == {"GOMP_SPINCOUNT": shared_cores.SPINCOUNT}
     monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
     assert proc_env() == {}
     monkeypatch.delenv("OMP_WAIT_POLICY")
@@ -29,7 +30,7 @@ def test_a_spawned_proc_has_the_short_spin_and_the_kernel_keeps_its_own(monkeypa
     mesh = LocalMesh()
     try:
         probe = mesh.spawn("probe", EnvProbe, None)
-        assert wait(probe.env.call_one("GOMP_SPINCOUNT")) == local.SPINCOUNT
+        assert wait(probe.env.call_one("GOMP_SPINCOUNT")) == shared_cores.SPINCOUNT
         assert "GOMP_SPINCOUNT" not in os.environ  # set in the procs only
     finally:
         assert mesh.stop() == []

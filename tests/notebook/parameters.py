@@ -19,7 +19,7 @@ SUITE: dict[str, dict[str, object]] = {
     "03_live_loss.ipynb": {"SEGMENT": 15, "STEPS": 10, "SEEDS": 1},
     "04_weights_and_throughput.ipynb": {"STEPS": 30, "REFRESHES": 2},
     "05_your_data_and_a_real_model.ipynb": {"STEPS": 1, "FIXED": 2, "HELDOUT": 10, "UNCUT": 64},
-    "06_async_and_staleness.ipynb": {"SECONDS": 15},
+    "06_async_and_staleness.ipynb": {"SECONDS": 8},
     "08_agents.ipynb": {"STEPS": 1, "TRIES": 1, "HELDOUT": 10},
     "09_debugging_a_run.ipynb": {"GOOD": 20, "LIMIT": 30, "AFTER": 10, "JUDGED": 1, "LORA_STEPS": 3, "LORA_SEEDS": 1},
     "10_a_session_that_outlives_its_kernel.ipynb": {"SECONDS": 3},

@@ -107,6 +107,14 @@ def test_a_second_clients_step_waits_for_the_first_after_saying_who_holds_the_se
     assert shared.step_count == start + 7  # serialised, both done
 
 
+def test_the_sessions_procs_fork_from_a_fork_server_forked_from_its_server(shared):
+    server = psutil.Process(SessionDir.named("shared").info().pid)
+    forks = [c for c in server.children() if c.cmdline() == server.cmdline()]  # (`launch.forks.early`)
+    assert len(forks) == 1, [c.cmdline() for c in server.children()]
+    procs = [p for ps in shared.pids.values() for p in ps]
+    assert procs and all(psutil.Process(p).ppid() == forks[0].pid for p in procs)
+
+
 def test_errors_reach_the_client_as_themselves_with_the_servers_traceback(shared):
     with pytest.raises(LiveCodeError, match="returned str") as raised:
         shared.set_reward(lambda prompt, completion, target: "yes")
@@ -235,8 +243,9 @@ def test_a_killed_server_takes_its_procs_and_attach_says_it_is_gone_naming_its_l
     folder = SessionDir.named("killed")
     time.sleep(2.5)  # a heartbeat: info.json names the checkpoint
     server = folder.info().pid
+    forks = [c.pid for c in psutil.Process(server).children()]  # its fork server among them
     os.kill(server, signal.SIGKILL)
-    assert wait_gone([server, *procs], 30) == []  # Monarch takes the procs down with their controller
+    assert wait_gone([server, *procs, *forks], 30) == []  # Monarch takes the procs down with their controller
     with pytest.raises(SessionGone, match=f"its last checkpoint: {saved}"):
         forge_nb.attach("killed")
     assert forge_nb.ps().loc["killed", "state"] == "gone"

@@ -45,7 +45,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 #: What a model proc imports on its way to a loaded model (measured with ``python -X importtime``):
-#: torch, then transformers' auto classes, which bring modeling_utils and generation.
+#: torch, then transformers' auto classes, which bring modeling_utils and generation; then forge_nb's trainer
+#: (`Policy`: FSDP2, DTensor, which the trainer and the reference each imported again) and torch engine. None of
+#: them imports Monarch.
 PRELOAD = (
     "torch",
     "torch.distributed",
@@ -55,6 +57,8 @@ PRELOAD = (
     "transformers.models.auto.tokenization_auto",
     "transformers.models.llama.modeling_llama",  # the bundled model's (and SmolLM2's) architecture
     "safetensors.torch",
+    "forge_nb.parallel.policy",
+    "forge_nb.engines.torch_engine",
 )
 BOOTSTRAP_MAIN = "monarch._src.actor.bootstrap_main"
 #: How long a mesh waits for a new server's imports before it asks Monarch for procs (`ForkServer.wait_ready`):
@@ -68,6 +72,11 @@ def request(env: dict[str, str], cwd: str, module: str = BOOTSTRAP_MAIN) -> byte
     ``__main__`` (Monarch's proc main), length-prefixed JSON."""
     body = json.dumps({"env": env, "cwd": cwd, "module": module}).encode()
     return _LEN.pack(len(body)) + body
+
+
+def forks_wanted() -> bool:
+    """Whether procs may fork from a fork server at all: unless ``FORGE_NB_FORK_PROCS=0``."""
+    return os.environ.get("FORGE_NB_FORK_PROCS", "1") != "0"
 
 
 class ForkServer:
@@ -86,6 +95,27 @@ class ForkServer:
         )
         self.expiry: threading.Timer | None = None  # while it lingers, idle (`release`)
         self.ready = False  # its imports are done: it forks at once (`wait_ready`)
+
+    @classmethod
+    def forked(cls) -> ForkServer:
+        """A server forked from this process, which has imported `PRELOAD` and started no thread a fork cannot
+        carry (no Monarch yet: `launch.forks.early`) -> its handle, ready at once: no interpreter starts and
+        nothing is imported again. Procs get this process's environment (as `ForkServer()` gives its own). It
+        ends with this process (its pidfd), or on `stop`."""
+        server = cls.__new__(cls)
+        server.env, server.expiry, server.ready = dict(os.environ), None, False
+        server.folder = Path(tempfile.mkdtemp(prefix="forge_nb-forks-"))
+        server.path = str(server.folder / "sock")
+        parent = os.getpid()
+        pid = os.fork()
+        if pid == 0:  # the server: never returns into the code that forked it
+            try:
+                watched = os.pidfd_open(parent)
+                run_server(lambda: serve(server.path, watched=watched, retire=lambda: _remove_socket(server.path)))
+            finally:
+                os._exit(1)
+        server.proc = _Forked(pid)
+        return server
 
     def wait_ready(self, timeout: float = READY_TIMEOUT_S) -> bool:
         """Wait until the server has imported `PRELOAD` and forks at once, `timeout` s at most -> whether it
@@ -116,6 +146,45 @@ class ForkServer:
         if self.proc.stdin is not None:
             self.proc.stdin.close()
         shutil.rmtree(self.folder, ignore_errors=True)
+
+
+class _Forked:
+    """The `subprocess.Popen` calls a `ForkServer` makes, for a server forked from this process (`forked`)."""
+
+    stdin = None
+
+    def __init__(self, pid: int) -> None:
+        self.pid, self.returncode = pid, None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            with contextlib.suppress(ChildProcessError):
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+                if pid == 0:
+                    return None
+                self.returncode = os.waitstatus_to_exitcode(status)
+            if self.returncode is None:  # reaped by someone else (a SIGCHLD handler): it ended
+                self.returncode = -1
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while (code := self.poll()) is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(f"fork server {self.pid}", timeout or 0.0)
+            time.sleep(0.02)
+        return code
+
+    def terminate(self) -> None:
+        self._signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self._signal(signal.SIGKILL)
+
+    def _signal(self, signum: int) -> None:
+        if self.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signum)
 
 
 # ---- one server between sessions: FORGE_NB_FORK_LINGER_S --------------------------------------------
@@ -173,6 +242,28 @@ def release(server: ForkServer) -> None:
         old, _idle = _idle, server
     if old is not None:
         old.stop()
+
+
+def offer(server: ForkServer) -> None:
+    """Make `server` the one the next `acquire` takes (its environment permitting): a server forked before the
+    process's first session (`launch.forks.early`). It waits for no `FORGE_NB_FORK_LINGER_S`: `stop_unused` ends it
+    when no mesh took it."""
+    global _idle
+    with _lock:
+        old, _idle = _idle, server
+    if old is not None:
+        old.stop()
+
+
+def stop_unused(server: ForkServer) -> None:
+    """Stop `server` if it is still the one waiting for a mesh (`offer`): the session's procs did not fork (GPUs, or
+    an environment its imports did not see)."""
+    global _idle
+    with _lock:
+        if _idle is not server:
+            return
+        _idle = None
+    server.stop()
 
 
 def idle_pids() -> list[int]:
