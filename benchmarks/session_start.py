@@ -76,14 +76,14 @@ def server_session(prefork: str, steps: int) -> dict[str, float]:
 def print_table(title: str, runs: dict[str, list[dict[str, float]]], ratios: list[tuple[str, str]]) -> None:
     print(title)
     header = "".join(f"{side + ' (mean ± sd)':>36}" for side in runs)
-    print(f"{'seconds':<8}{header}" + "".join(f"{a + ' / ' + b:>40}" for a, b in ratios))
+    print(f"{'seconds':<8}{header}" + "".join(f"{a + ' / ' + b:>44}" for a, b in ratios))
     for what in ("up", "steps", "down", "cpu"):
         cells, means = "", {}
         for side, rows in runs.items():
             values = [r[what] for r in rows]
             means[side] = statistics.mean(values)
             cells += f"{means[side]:>27.2f} ± {statistics.stdev(values) if len(values) > 1 else 0.0:<6.2f}"
-        print(f"{what:<8}{cells}" + "".join(f"{means[a] / means[b]:>39.2f}x" for a, b in ratios))
+        print(f"{what:<8}{cells}" + "".join(f"{means[a] / means[b]:>43.2f}x" for a, b in ratios))
 
 
 def main_server(sessions: int, steps: int) -> None:
