@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import sys
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -15,7 +14,6 @@ from monarch.actor import ProcMesh, default_bootstrap_cmd, this_host
 
 from forge_nb.launch import quiet
 from forge_nb.launch.forks import server as forkserver
-from forge_nb.launch.forks.server import forks_wanted
 from forge_nb.launch.placement import Placement
 from forge_nb.launch.shared_cores import proc_env
 from forge_nb.launch.torchrun import start_gang
@@ -43,10 +41,10 @@ class LocalMesh:
     def _forks(self, placement: Placement | None) -> bool:
         """Whether procs fork from a `ForkServer`: on a Linux host without GPUs (a CUDA driver must not be
         inherited: each GPU proc initialises its own, with its own ``CUDA_VISIBLE_DEVICES``, and its
-        start is small next to loading a model onto a GPU; macOS's system libraries do not survive a
-        fork after they start), unless ``FORGE_NB_FORK_PROCS=0``."""
+        start is small next to loading a model onto a GPU), unless ``FORGE_NB_FORK_PROCS=0``
+        (`forkserver.forks_here`)."""
         gpus = placement is not None and any(host.gpus > 0 for host in placement.hosts)
-        return self.forks_procs and forks_wanted() and not gpus and sys.platform.startswith("linux")
+        return self.forks_procs and forkserver.forks_here() and not gpus
 
     def host(self, role: str) -> Any:
         """The host mesh `role`'s procs start on: this host."""

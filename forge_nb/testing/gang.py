@@ -68,7 +68,7 @@ def _job(fn: Callable, args: tuple, threads: int, out: str) -> dict:
 
 
 def _fork_server() -> forkserver.ForkServer | None:
-    if not (forkserver.forks_wanted() and sys.platform.startswith("linux")):
+    if not forkserver.forks_here():
         return None
     forks = forkserver.acquire(proc_env())  # its imports see what the ranks get
     if not forks.wait_ready():

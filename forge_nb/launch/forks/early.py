@@ -32,12 +32,7 @@ _server: forkserver.ForkServer | None = None
 def wanted() -> bool:
     """Whether a server forks its fork server (`start`): on Linux, unless ``FORGE_NB_FORK_PREFORK=0`` or
     ``FORGE_NB_FORK_PROCS=0`` (no procs fork at all)."""
-    return (
-        os.environ.get(PREFORK_ENV) != "0"
-        and forkserver.forks_wanted()
-        and sys.platform.startswith("linux")
-        and "monarch" not in sys.modules
-    )
+    return os.environ.get(PREFORK_ENV) != "0" and forkserver.forks_here() and "monarch" not in sys.modules
 
 
 def start() -> None:

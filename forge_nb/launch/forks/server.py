@@ -79,6 +79,12 @@ def forks_wanted() -> bool:
     return os.environ.get("FORGE_NB_FORK_PROCS", "1") != "0"
 
 
+def forks_here() -> bool:
+    """Whether procs of this host may fork from a fork server here: `forks_wanted`, on Linux (macOS's system
+    libraries do not survive a fork after they start)."""
+    return forks_wanted() and sys.platform.startswith("linux")
+
+
 class ForkServer:
     """The kernel's handle on a running server: `command_args` for procs' bootstrap, `stop` to end it."""
 
