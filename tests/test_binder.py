@@ -72,7 +72,7 @@ def checkout(dest: Path) -> Path:
 
 def build_key() -> str:
     """A hash of every file the build reads (their names and contents) and of the Python it uses."""
-    digest = hashlib.sha256((ROOT / "binder" / "runtime.txt").read_bytes())
+    digest = hashlib.sha256((ROOT / "binder" / "runtime.txt").read_bytes() + b"\0.pyc")  # (builds since: with .pyc)
     for name in clone_files():
         if name.startswith(BUILD_INPUTS):
             digest.update(name.encode() + b"\0" + (ROOT / name).read_bytes() + b"\0")
@@ -125,7 +125,8 @@ def install_requirements(repo: Path, venv: Path, env: dict[str, str]) -> None:
         links = subprocess.run(
             [sys.executable, "-m", "pip", "config", "get", "global.find-links"], capture_output=True, text=True
         ).stdout.split()
-        cmd = [uv, "pip", "install", "-q", "--offline", "--python", str(venv / "bin" / "python")]
+        # --compile-bytecode: pip (repo2docker's) writes .pyc at install, uv only when asked
+        cmd = [uv, "pip", "install", "-q", "--offline", "--compile-bytecode", "--python", str(venv / "bin" / "python")]
         cmd += [arg for link in links for arg in ("--find-links", link)]
         # (HOME is the build's own: uv's cache is found where the suite's uv keeps it)
         cache = {"UV_CACHE_DIR": os.environ.get("UV_CACHE_DIR", str(Path.home() / ".cache" / "uv"))}
