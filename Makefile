@@ -86,7 +86,7 @@ system-deps:
 # The whole suite in two pytest-xdist workers (TEST_WORKERS=0: serially, in file order): each test file is one group
 # on one worker (its module fixtures start once) and everything that starts the local Slurm one group ("slurm":
 # fixed ports); conftest.py assigns both at collection, longest group first (tests/durations.json). Two workers on
-# 2 cores: three are slower, it is CPU-bound (docs/development.md).
+# 2 cores: three are no faster, it is CPU-bound (docs/development.md).
 # `make test PYTEST_ARGS=...` passes options on, e.g. PYTEST_ARGS="--random-order-seed=1234" for a random order.
 TEST_WORKERS ?= 2
 PYTEST_ARGS ?=
