@@ -178,6 +178,9 @@ def shorten_tutorials(items) -> None:
 @pytest.hookimpl(trylast=True)  # after xdist's, which stops the workers (their fork servers, their kernels)
 def pytest_sessionfinish(session, exitstatus):
     """The run fails when its tests left files with data in its temp folder (tests/suite_tmp.py): named here."""
+    from forge_nb.server import zygote
+
+    zygote.stop_all()  # this process's runtime folder's zygotes (they fork session servers and outlive sessions)
     if os.environ.get("PYTEST_XDIST_WORKER"):
         return
     forks = sys.modules.get("forge_nb.launch.forks.server")

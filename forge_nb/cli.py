@@ -134,7 +134,7 @@ def main(argv: list[str] | None = None) -> None:
     sub.add_parser("ps", help="this user's sessions: name, state, model, mesh, step, versions, clients, age")
     dn = sub.add_parser("down", help="end sessions (every proc and the server) and clear those gone")
     dn.add_argument("names", nargs="*", help="session names (see forge-nb ps)")
-    dn.add_argument("--all", action="store_true", help="every session of this user")
+    dn.add_argument("--all", action="store_true", help="every session of this user, and the zygotes that fork servers")
     sub.add_parser(
         "credentials", add_help=False, help="make (new) or check (show) the CA of your hosts' workers: --help says more"
     )

@@ -10,14 +10,16 @@ import psutil
 import pytest
 
 from forge_nb.launch.forks import server as forkserver
+from forge_nb.server import zygote
 from forge_nb.session import Session
 
 
 def child_processes(exclude: frozenset[int] = frozenset()) -> list[psutil.Process]:
-    """Live (non-zombie) descendants of this test process, but for the pids in `exclude` and the idle fork
-    server that lingers for the next session (conftest.py; a proc it forked and left running still counts)."""
+    """Live (non-zombie) descendants of this test process, but for the pids in `exclude`, the idle fork server
+    that lingers for the next session (conftest.py) and the zygotes that fork session servers (they outlive
+    sessions by design: `forge_nb.server.zygote`). A proc or server either forked and left running still counts."""
     alive = []
-    exclude = exclude | set(forkserver.idle_pids())
+    exclude = exclude | set(forkserver.idle_pids()) | set(zygote.pids())
     for p in psutil.Process().children(recursive=True):
         try:
             if p.status() != psutil.STATUS_ZOMBIE and p.pid not in exclude:

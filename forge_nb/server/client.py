@@ -19,7 +19,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from multiprocessing.connection import Client, Connection, answer_challenge, deliver_challenge
+from multiprocessing.connection import Client, Connection
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +28,7 @@ import pandas as pd
 from forge_nb.errors import SessionDown, SessionError
 from forge_nb.metrics import MetricsStream
 from forge_nb.runtime import lifecycle
+from forge_nb.server.handshake import prove_to_server
 from forge_nb.server.protocol import Hello, RolloutView, RunView
 from forge_nb.server.registry import RegistryError, SessionDir
 
@@ -55,8 +56,7 @@ class SessionClient:
     def _connect(self) -> Connection:
         try:
             conn = Client(str(self._folder.socket), family="AF_UNIX")
-            answer_challenge(conn, self._key)
-            deliver_challenge(conn, self._key)
+            prove_to_server(conn, self._key)
             conn.send(Hello.here(self._id))
         except (FileNotFoundError, ConnectionRefusedError, EOFError, ConnectionResetError) as e:
             raise self._gone() from e

@@ -22,13 +22,12 @@ import os
 import pickle
 import signal
 import socket
-import struct
 import sys
 import threading
 import time
 import traceback
 from multiprocessing import AuthenticationError
-from multiprocessing.connection import Connection, Listener, answer_challenge, deliver_challenge
+from multiprocessing.connection import Connection, Listener
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +36,7 @@ import psutil
 from forge_nb.errors import SessionDown
 from forge_nb.launch.forks import early
 from forge_nb.runtime.refusals import REFUSED, raise_open_files_limit
+from forge_nb.server.handshake import check_client, peer_uid
 from forge_nb.server.protocol import REQUEST, Failure, Hello, StartRequest
 from forge_nb.server.registry import SessionDir, SessionInfo
 from forge_nb.server.service import Busy
@@ -248,15 +248,13 @@ class SessionServer:
     def _handshake(self, conn: Connection) -> Hello | None:
         """The peer is this user and proves the key; then it says who it is, all within `HANDSHAKE_S`. None (and
         closed by the caller): it did not."""
-        uid = _peer_uid(conn)
+        uid = peer_uid(conn)
         if uid != os.getuid():
             REFUSED.refused(LISTENER, "another user", f"uid {uid}")
             return None
         deadline = time.monotonic() + HANDSHAKE_S
         try:
-            conn = _Deadline(conn, deadline)  # each read waits until the deadline at most
-            deliver_challenge(conn, self.key)
-            answer_challenge(conn, self.key)
+            conn = check_client(conn, self.key, deadline)  # each read waits until the deadline at most
             hello = conn.recv()
         except AuthenticationError:
             REFUSED.refused(LISTENER, "no key")
@@ -319,39 +317,6 @@ class SessionServer:
         finally:
             self.ending.set()
         return True
-
-
-class _Deadline:
-    """A connection whose reads raise TimeoutError once `deadline` (time.monotonic) has passed with nothing to
-    read: what `multiprocessing.connection`'s challenge functions call (send_bytes, recv_bytes, recv)."""
-
-    def __init__(self, conn: Connection, deadline: float) -> None:
-        self.conn, self.deadline = conn, deadline
-
-    def _wait(self) -> None:
-        if not self.conn.poll(max(0.0, self.deadline - time.monotonic())):
-            raise TimeoutError("handshake not finished in time")
-
-    def send_bytes(self, data: bytes) -> None:
-        self.conn.send_bytes(data)
-
-    def recv_bytes(self, maxlength: int | None = None) -> bytes:
-        self._wait()
-        return self.conn.recv_bytes(maxlength)
-
-    def recv(self) -> Any:
-        self._wait()
-        return self.conn.recv()
-
-
-def _peer_uid(conn: Connection) -> int:
-    """The user id of the process at the other end of a Unix socket (SO_PEERCRED)."""
-    sock = socket.socket(fileno=os.dup(conn.fileno()))
-    try:
-        creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    finally:
-        sock.close()
-    return struct.unpack("3i", creds)[1]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -25,6 +25,7 @@ import psutil
 from forge_nb.config import Config, ConfigError
 from forge_nb.errors import SessionError
 from forge_nb.private_files import write_private
+from forge_nb.server import zygote
 from forge_nb.server.client import SessionClient, SessionGone, attach_to
 from forge_nb.server.protocol import REQUEST, StartRequest
 from forge_nb.server.registry import (
@@ -74,15 +75,7 @@ def start(request: StartRequest, name: str, persist: bool, client_class: type = 
         folder = SessionDir.named(free_name(name) if pick_free else name)
         folder.create()
     write_private(folder.path / REQUEST, pickle.dumps(request))
-    with open(folder.log, "ab") as log:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "forge_nb.server", str(folder.path)],
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,  # not in the kernel's process group: a kernel restart does not reach it
-            close_fds=True,
-        )
+    process = _start_server(folder)
     try:
         _wait_listening(folder, process)
     except BaseException:  # (Ctrl-C too) a server no one will hold is not left to start a session
@@ -94,7 +87,7 @@ def start(request: StartRequest, name: str, persist: bool, client_class: type = 
         client.wait_up()
     except SessionGone:
         raise SessionError(
-            f"forge_nb: the session's server ended while starting (exit {process.poll()}):\n{_tail(folder.log)}"
+            f"forge_nb: the session's server ended while starting ({_exit_of(process)}):\n{_tail(folder.log)}"
         ) from None
     except BaseException:
         _end(folder)  # a start that failed leaves nothing running
@@ -103,6 +96,40 @@ def start(request: StartRequest, name: str, persist: bool, client_class: type = 
 
     lifecycle.register(client)
     return client
+
+
+def _start_server(folder: SessionDir) -> subprocess.Popen | ForkedServer:
+    """The server of the session at `folder`: forked by this context's zygote (`zygote`: its imports done), else
+    ``python -m forge_nb.server FOLDER`` started here. Either way in a session of its own, logging to its folder."""
+    pid = zygote.spawn(folder.path)
+    if pid is not None:
+        return ForkedServer(pid)
+    with open(folder.log, "ab") as log:
+        return subprocess.Popen(
+            [sys.executable, "-m", "forge_nb.server", str(folder.path)],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # not in the kernel's process group: a kernel restart does not reach it
+            close_fds=True,
+        )
+
+
+class ForkedServer:
+    """What `start` watches of a server a zygote forked (its child, not this process's): `pid`, and `poll`."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.started = psutil.Process(pid).create_time() if psutil.pid_exists(pid) else 0.0
+
+    def poll(self) -> int | None:
+        """None while it runs; -1 once it ended (its exit status is the zygote's to collect)."""
+        return None if same_process(self.pid, self.started) else -1
+
+
+def _exit_of(process: subprocess.Popen | ForkedServer) -> str:
+    code = process.poll()
+    return "its exit status is in the log" if isinstance(process, ForkedServer) else f"exit {code}"
 
 
 def _wait_gone_down(folder: SessionDir, timeout: float = 30.0) -> None:
@@ -114,7 +141,7 @@ def _wait_gone_down(folder: SessionDir, timeout: float = 30.0) -> None:
         time.sleep(0.1)
 
 
-def _wait_listening(folder: SessionDir, process: subprocess.Popen) -> None:
+def _wait_listening(folder: SessionDir, process: subprocess.Popen | ForkedServer) -> None:
     """Until the server writes its info, which it does once it listens (the socket's file exists from bind(),
     before listen(), and a client that connects between them is refused)."""
     deadline = time.monotonic() + SOCKET_WAIT_S
@@ -196,7 +223,10 @@ def down(names: list[str] | None = None) -> list[str]:
     """End the named sessions (None: every one of this user's) and clear the folders of those gone -> what was
     done, a line each."""
     folders = sessions() if names is None else [SessionDir.named(n) for n in names]
-    return [_end(folder) for folder in folders]
+    done = [_end(folder) for folder in folders]
+    if names is None:  # every session: the zygotes that would fork the next ones go too
+        done += [f"zygote {pid}: ended" for pid in zygote.stop_all()]
+    return done
 
 
 def _end(folder: SessionDir) -> str:

@@ -8,6 +8,9 @@ import time
 import psutil
 import pytest
 
+from forge_nb.server import zygote
+from forge_nb.server.registry import SessionDir
+from tests.conftest import wait_gone
 from tests.notebook.kernel import Kernel
 
 UP = "%forge up prompts_per_step=4 group_size=4 threads_per_proc=1 timeout_s=2.0"
@@ -25,10 +28,20 @@ def kernel():
 
 
 def _descendants(pid: int) -> list[int]:
+    """The live processes under `pid`, but for zygotes (they fork session servers and outlive sessions)."""
     try:
-        return [p.pid for p in psutil.Process(pid).children(recursive=True) if p.status() != psutil.STATUS_ZOMBIE]
+        found = [p.pid for p in psutil.Process(pid).children(recursive=True) if p.status() != psutil.STATUS_ZOMBIE]
     except psutil.NoSuchProcess:
         return []
+    return sorted(set(found) - set(zygote.pids()))
+
+
+def _session_processes(k: Kernel) -> list[int]:
+    """The kernel's session's server and every process under it (a zygote forked the server: they need not be the
+    kernel's descendants), and the kernel's own."""
+    name = k.json("__import__('forge_nb.runtime.lifecycle', fromlist=['x']).current().name")
+    server = int(SessionDir.named(name).info().pid)
+    return sorted({server, *_descendants(server), *_descendants(k.pid)})
 
 
 def test_every_magic_runs(kernel, tmp_path):
@@ -89,15 +102,14 @@ def test_down_leaves_no_process_and_a_kernel_shutdown_leaves_the_session_to_its_
         k.ok("import os; os.environ['FORGE_NB_FORK_LINGER_S'] = '0'")  # the default outside the suite
         k.ok("%load_ext forge_nb")
         k.ok(UP)
-        assert len(_descendants(k.pid)) >= 3
+        running = _session_processes(k)
+        assert len(running) >= 3
         assert "is down" in k.ok("%forge down")
-        deadline = time.monotonic() + 10
-        while _descendants(k.pid) and time.monotonic() < deadline:
-            time.sleep(0.1)
+        assert wait_gone(running, 10) == []
         assert _descendants(k.pid) == []
         assert "no session is up" in k.ok("%forge down")  # says so, rather than nothing
         k.ok(UP + " --name left")  # up again after down; then shut the kernel down with the session up
-        procs = [psutil.Process(p) for p in _descendants(k.pid)]
+        procs = [psutil.Process(p) for p in _session_processes(k)]
     finally:
         k.client.stop_channels()
         k.manager.shutdown_kernel(now=False)

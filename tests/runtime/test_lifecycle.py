@@ -31,7 +31,8 @@ KILLED = textwrap.dedent(
     import os, psutil, sys, forge_nb
     if __name__ == "__main__":
         s = forge_nb.up(prompts_per_step=2, group_size=2, threads_per_proc=1)
-        procs = {p.pid for p in psutil.Process().children(recursive=True)} | {p for ps in s.pids.values() for p in ps}
+        server = psutil.Process(int(forge_nb.ps().loc[s.name, "pid"]))  # (a zygote's child, not this process's)
+        procs = {server.pid, *(p.pid for p in server.children(recursive=True)), *(p for ps in s.pids.values() for p in ps)}
         print(" ".join(str(p) for p in procs), flush=True)
         sys.stdin.read()  # killed here, the mesh up: no atexit hook runs
     """
@@ -39,8 +40,8 @@ KILLED = textwrap.dedent(
 
 
 def test_a_process_killed_with_its_mesh_up_leaves_no_process(tmp_path):
-    """SIGKILL to the process that holds a session: its procs, the fork server and the procs it forked
-    (which are not its descendants) all end by themselves."""
+    """SIGKILL to the process that holds a session: its server, its procs, the fork server and the procs it
+    forked (which are not its descendants) all end by themselves."""
     script = tmp_path / "killed.py"
     script.write_text(KILLED)
     holder = subprocess.Popen([sys.executable, str(script)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)

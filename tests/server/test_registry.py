@@ -67,15 +67,15 @@ def test_a_name_is_taken_from_its_create_and_a_reused_pid_is_not_the_server(tmp_
 def test_a_stalled_handshake_ends_at_its_deadline():
     from multiprocessing import Pipe
 
-    from forge_nb.server.server import _Deadline
+    from forge_nb.server.handshake import Deadline
 
     ours, theirs = Pipe()
     start = time.monotonic()
     with pytest.raises(TimeoutError):
-        _Deadline(ours, time.monotonic() + 0.3).recv_bytes(256)  # the peer sends nothing
+        Deadline(ours, time.monotonic() + 0.3).recv_bytes(256)  # the peer sends nothing
     assert 0.25 < time.monotonic() - start < 5
     theirs.send_bytes(b"x")
-    assert _Deadline(ours, time.monotonic() + 5).recv_bytes(256) == b"x"
+    assert Deadline(ours, time.monotonic() + 5).recv_bytes(256) == b"x"
 
 
 def test_a_down_that_fails_is_told_to_the_client_and_the_server_ends_anyway(tmp_path):

@@ -41,14 +41,21 @@ def start() -> None:
     global _server
     if not wanted():
         return
-    os.environ.update(proc_env())  # what the procs' imports must see (the mesh's `acquire` compares it)
-    for name in EARLY:
-        with contextlib.suppress(Exception):  # a missing optional piece: the procs import what they need
-            __import__(name)
+    warm_up()
     if "monarch" in sys.modules:  # one of them came to import it: no fork (its runtime's threads)
         return
     _server = forkserver.ForkServer.forked()
     forkserver.offer(_server)
+
+
+def warm_up() -> None:
+    """Import `EARLY` here, in the environment the procs' imports must see (`proc_env`, set in this process's own:
+    the mesh's `acquire` compares it). What `start` does before it forks; a zygote's once, for every server it
+    forks (`server.zygote`: there, `start` finds them imported)."""
+    os.environ.update(proc_env())
+    for name in EARLY:
+        with contextlib.suppress(Exception):  # a missing optional piece: the procs import what they need
+            __import__(name)
 
 
 def drop_unused() -> None:
