@@ -32,7 +32,8 @@ KILLED = textwrap.dedent(
     if __name__ == "__main__":
         s = forge_nb.up(prompts_per_step=2, group_size=2, threads_per_proc=1)
         server = psutil.Process(int(forge_nb.ps().loc[s.name, "pid"]))  # (a zygote's child, not this process's)
-        procs = {server.pid, *(p.pid for p in server.children(recursive=True)), *(p for ps in s.pids.values() for p in ps)}
+        procs = {server.pid, *(p.pid for p in server.children(recursive=True))}
+        procs |= {p for ps in s.pids.values() for p in ps}
         print(" ".join(str(p) for p in procs), flush=True)
         sys.stdin.read()  # killed here, the mesh up: no atexit hook runs
     """
