@@ -14,9 +14,12 @@ session, the server included, and anything else running then (run it on an idle 
 
     python benchmarks/session_start.py [--sessions 5] [--steps 2]
 
-``--server``: sessions as a notebook or script starts them, `forge_nb.up()` (each its own session server), "own
-interpreter" ``FORGE_NB_FORK_PREFORK=0`` (the server's mesh starts a fork server that imports torch and
-transformers again) against "forked from the server" (the default: `forge_nb.launch.forks.early`), alternating.
+``--server``: sessions as a notebook or script starts them, `forge_nb.up()` (each its own session server), three
+sides in turn. "own interpreter" ``FORGE_NB_ZYGOTE=0 FORGE_NB_FORK_PREFORK=0``: the server starts afresh and its
+mesh starts a fork server that imports torch and transformers again. "forked from the server"
+``FORGE_NB_ZYGOTE=0``: the server starts afresh and forks its fork server from itself (`forge_nb.launch.forks.early`).
+"from a zygote", the default: the server is forked from the zygote (`forge_nb.server.zygote`) that a first session,
+not counted, started; its imports are done.
 """
 
 from __future__ import annotations
@@ -57,12 +60,20 @@ def timed_session(steps: int, **options) -> dict[str, float]:
     return {"up": t1 - t0, "steps": t2 - t1, "down": t3 - t2, "cpu": busy_s() - cpu0}
 
 
-def server_session(prefork: str, steps: int) -> dict[str, float]:
-    """`forge_nb.up()` (a session server of its own), `steps` steps, down, with ``FORGE_NB_FORK_PREFORK=prefork``
-    (the server inherits it) -> seconds of each, and the machine's CPU meanwhile (the server's included)."""
+SERVER_SIDES = {  # FORGE_NB_ZYGOTE, FORGE_NB_FORK_PREFORK
+    "own interpreter": ("0", "0"),
+    "forked from the server": ("0", "1"),
+    "from a zygote": ("1", "1"),
+}
+
+
+def server_session(side: tuple[str, str], steps: int) -> dict[str, float]:
+    """`forge_nb.up()` (a session server of its own), `steps` steps, down, with ``FORGE_NB_ZYGOTE`` and
+    ``FORGE_NB_FORK_PREFORK`` as `side` says -> seconds of each, and the machine's CPU meanwhile (the server's
+    included)."""
     import forge_nb
 
-    os.environ["FORGE_NB_FORK_PREFORK"] = prefork
+    os.environ["FORGE_NB_ZYGOTE"], os.environ["FORGE_NB_FORK_PREFORK"] = side
     cpu0, t0 = busy_s(), time.perf_counter()
     session = forge_nb.up(persist=False, **SESSION)
     t1 = time.perf_counter()
@@ -87,21 +98,26 @@ def print_table(title: str, runs: dict[str, list[dict[str, float]]], ratios: lis
 
 
 def main_server(sessions: int, steps: int) -> None:
-    sides = {"own interpreter": "0", "forked from the server": "1"}
-    runs: dict[str, list[dict[str, float]]] = {side: [] for side in sides}
+    from forge_nb.server import zygote
+
+    server_session(SERVER_SIDES["from a zygote"], steps)  # starts the zygote the counted sessions find
+    runs: dict[str, list[dict[str, float]]] = {side: [] for side in SERVER_SIDES}
     for _ in range(sessions):
-        for side, prefork in sides.items():
-            runs[side].append(server_session(prefork, steps))
-    title = f"\nforge_nb.up() of the bundled model (a session server each), up + {steps} steps + down; the fork server"
-    print_table(f"{title}'s; n = {sessions} sessions a side", runs, [("own interpreter", "forked from the server")])
-    os.environ.pop("FORGE_NB_FORK_PREFORK")
+        for side, values in SERVER_SIDES.items():
+            runs[side].append(server_session(values, steps))
+    title = f"\nforge_nb.up() of the bundled model (a session server each), up + {steps} steps + down"
+    ratios = [("own interpreter", "forked from the server"), ("forked from the server", "from a zygote")]
+    print_table(f"{title}; n = {sessions} sessions a side", runs, ratios)
+    for name in ("FORGE_NB_ZYGOTE", "FORGE_NB_FORK_PREFORK"):
+        os.environ.pop(name)
+    zygote.stop_all()
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sessions", type=int, default=5, help="sessions per side")
     parser.add_argument("--steps", type=int, default=2)
-    parser.add_argument("--server", action="store_true", help="forge_nb.up(): the fork server forked from the server")
+    parser.add_argument("--server", action="store_true", help="forge_nb.up(): a server afresh, or from a zygote")
     args = parser.parse_args()
     if args.server:
         return main_server(args.sessions, args.steps)

@@ -83,7 +83,8 @@ def test_the_code_blocks_of_a_page_run(page, tmp_path):
     script.write_text("\n\n".join(runnable(page)) + "\n")
     tag = uuid.uuid4().hex
     pythonpath = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
-    env = {**os.environ, "PYTHONPATH": pythonpath, TAG: tag}
+    # FORGE_NB_ZYGOTE=1: the page's sessions after its first fork their servers from a zygote, as a kernel's do.
+    env = {**os.environ, "PYTHONPATH": pythonpath, TAG: tag, "FORGE_NB_ZYGOTE": "1"}
     done = subprocess.run(
         [sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900
     )

@@ -214,7 +214,7 @@ def attach(name: str | None = None, client_class: type = SessionClient) -> Sessi
 def ps() -> pd.DataFrame:
     """This user's sessions: name, state (starting, up, down: going down, failed, gone), model, mesh, step,
     versions, run, clients, age, pid, last checkpoint."""
-    rows = [d.info().row() for d in sessions() if d.info() is not None]
+    rows = [info.row() for d in sessions() if (info := d.info()) is not None]  # (read once: it may go meanwhile)
     columns = ["name", "state", "model", "mesh", "step", "versions", "run", "clients", "age", "pid", "last_checkpoint"]
     return pd.DataFrame(rows, columns=columns).set_index("name")
 

@@ -23,12 +23,17 @@ It refuses, and the client starts a server afresh as it did before (`start`):
   zygote that imports the new code.
 
 It imports no Monarch (whose runtime's threads a fork cannot carry), serves one request at a time, and ends after
-``FORGE_NB_ZYGOTE_IDLE_S`` seconds (default `IDLE_S`) without one, on SIGTERM, and with ``forge-nb down --all``.
-The servers it forked go on without it. ``FORGE_NB_ZYGOTE=0``: no zygote; every server starts afresh.
+``FORGE_NB_ZYGOTE_IDLE_S`` seconds (default `IDLE_S`) without one, on SIGTERM, when its socket file goes, and with
+``forge-nb down --all``. The servers it forked go on without it.
+
+Who starts one: a Jupyter kernel's `up` (where sessions start again and again: restarts, other notebooks), or any
+process with ``FORGE_NB_ZYGOTE=1``; a script's `up` uses one that runs but leaves none behind it.
+``FORGE_NB_ZYGOTE=0``: no zygote; every server starts afresh.
 """
 
 from __future__ import annotations
 
+import ctypes
 import fcntl
 import hashlib
 import os
@@ -62,6 +67,8 @@ SOCKET, KEY, PID, LOG, LOCK = "socket", "key", "pid", "zygote.log", "lock"
 #: starter's without changing what a fresh server would import (pytest's current test, a kernel's parent).
 PER_PROCESS = ("PYTEST_", "JPY_")
 PER_PROCESS_NAMES = frozenset({"PWD", "OLDPWD", "SHLVL", "_", "COLUMNS", "LINES"})
+#: A last argument of spaces: room for a forked server's own command line, longer by its session's name (`_retitle`).
+PAD = " " * 64
 _started: list[subprocess.Popen] = []  # zygotes this process started (polled, so none stays a zombie)
 
 
@@ -80,16 +87,23 @@ def wanted() -> bool:
     return os.environ.get(ENV) != "0" and sys.platform == "linux"
 
 
+def may_start() -> bool:
+    """Whether this process starts a zygote when none runs: with ``FORGE_NB_ZYGOTE=1``, or unset in a Jupyter kernel
+    (a script's would outlive it by `IDLE_S`, for no next session)."""
+    return os.environ.get(ENV) == "1" or (ENV not in os.environ and "ipykernel" in sys.modules)
+
+
 # ---- the client's side ----------------------------------------------------------------------------------------
 def spawn(folder: Path) -> int | None:
-    """A server for the session at `folder`, forked by this context's zygote (one is started if none runs) -> its
-    pid; None when no zygote forked one (off, refused, or failed: its log says why), and the caller starts one."""
+    """A server for the session at `folder`, forked by this context's zygote (one is started if none runs and
+    `may_start`) -> its pid; None when no zygote forked one (off, none running, refused, or failed: its log says
+    why), and the caller starts one."""
     if not wanted():
         return None
     home = _home(context_key())
     request = Spawn(str(folder), os.getcwd(), _umask(), dict(os.environ))
     try:
-        conn = _connect(home) or _start_and_connect(home)
+        conn = _connect(home) or (_start_and_connect(home) if may_start() else None)
         if conn is None:
             return None
         with conn:
@@ -163,7 +177,7 @@ def _start_and_connect(home: Path) -> Connection | None:
         write_private(home / KEY, os.urandom(32))
         with open(home / LOG, "ab") as log:
             zygote = subprocess.Popen(
-                [sys.executable, "-m", "forge_nb.server", "--zygote", str(home)],
+                [sys.executable, "-m", "forge_nb.server", "--zygote", str(home), PAD],
                 cwd=home,  # nothing to import there: its imports are the same whatever the client's folder
                 env=dict(os.environ),  # what `context_key` read (not what a library set in C: Monarch's trace id)
                 stdin=subprocess.DEVNULL,
@@ -377,6 +391,7 @@ class Zygote:
             os.dup2(fd, target)
         os.close(log)
         os.close(null)
+        _retitle([sys.executable, "-m", "forge_nb.server", request.folder])  # as one started afresh reads in ps
         numpy = sys.modules.get("numpy")
         if numpy is not None:  # its global generator, seeded once in the zygote (Python's `random` reseeds itself)
             numpy.random.seed()
@@ -436,6 +451,22 @@ def _module_file(cwd: Path, name: str, entries: set[str]) -> str | None:
         if entry == f"{name}.py" or (entry.startswith(f"{name}.") and entry.endswith(".so")):
             return str(cwd / entry)
     return None
+
+
+def _retitle(argv: list[str]) -> bool:
+    """Make this process's command line read `argv` (what ps, top and psutil show), in the space the zygote's own
+    took (`PAD` keeps room) -> whether it fit. setproctitle's way: the arguments' memory rewritten, its last byte
+    not NUL, so that Linux reads the line up to its first NUL."""
+    try:
+        fields = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
+        start, end = int(fields[45]), int(fields[46])  # arg_start and arg_end: fields 48 and 49 of proc(5)
+    except (OSError, ValueError, IndexError):
+        return False
+    line = " ".join(argv).encode() + b"\0"
+    if len(line) > end - start:
+        return False
+    ctypes.memmove(start, line.ljust(end - start, b" "), end - start)
+    return True
 
 
 def _reap() -> None:

@@ -5,9 +5,14 @@ server would not be, lets in only this user with its key, and ends when idle, wh
 from __future__ import annotations
 
 import os
+import shutil
+import sys
+import tempfile
 import time
+import types
 from multiprocessing import AuthenticationError
 from multiprocessing.connection import Client
+from pathlib import Path
 
 import psutil
 import pytest
@@ -22,12 +27,19 @@ SMALL = {"prompts_per_step": 4, "group_size": 4, "threads_per_proc": 1}
 
 
 @pytest.fixture
-def own_runtime(tmp_path, monkeypatch):
-    """A runtime folder of this test's: its zygotes are its own, and stopped at its end."""
-    monkeypatch.setenv("FORGE_NB_RUNTIME_DIR", str(tmp_path / "runtime"))
-    yield tmp_path / "runtime"
+def own_runtime(monkeypatch):
+    """A runtime folder of this test's (a short path: a Unix socket's is at most 107 bytes), where this process
+    starts zygotes (`FORGE_NB_ZYGOTE=1`: a kernel's default); they are stopped at its end."""
+    folder = Path(tempfile.mkdtemp(prefix="zyg-"))
+    monkeypatch.setenv("FORGE_NB_RUNTIME_DIR", str(folder))
+    monkeypatch.setenv(zygote.ENV, "1")
+    yield folder
+    for home in zygote.homes():  # shown with a failure: what each zygote said
+        if (home / zygote.LOG).exists():
+            print(f"{home / zygote.LOG}:\n{(home / zygote.LOG).read_text()}")
     ended = zygote.stop_all()
     assert wait_gone(ended, 10) == []
+    shutil.rmtree(folder)
 
 
 def _server(s) -> psutil.Process:
@@ -36,23 +48,23 @@ def _server(s) -> psutil.Process:
 
 def test_the_second_session_is_forked_by_the_zygote_the_first_one_started(own_runtime, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    first = forge_nb.up(persist=False, **SMALL)
-    server = _server(first)
-    parent = server.parent()
-    assert "--zygote" in parent.cmdline() and zygote.pids() == [parent.pid]
-    first.step(1)
-    first.down()
+    with forge_nb.up(persist=False, **SMALL) as first:
+        server = _server(first)
+        parent = server.parent()
+        assert "--zygote" in parent.cmdline() and zygote.pids() == [parent.pid]
+        first.step(1)
     mask = os.umask(0o027)  # the server takes the client's umask, folder and environment
     try:
-        second = forge_nb.up(persist=False, **SMALL)
-        again = _server(second)
-        assert again.parent().pid == parent.pid and again.pid != server.pid  # the same zygote, a new server
-        assert again.cwd() == str(tmp_path)
-        assert f"Umask:\t{0o027:04o}" in open(f"/proc/{again.pid}/status").read()
-        assert os.getsid(again.pid) == again.pid  # a session of its own: a kernel's restart does not reach it
-        assert f"session {second.name!r} up" in SessionDir.named(second.name).log.read_text()  # its log
-        assert second.step(1).iloc[-1].policy_version == 1
-        second.down()
+        with forge_nb.up(persist=False, **SMALL) as second:
+            again = _server(second)
+            assert again.parent().pid == parent.pid and again.pid != server.pid  # the same zygote, a new server
+            folder = SessionDir.named(second.name)
+            assert again.cmdline() == [sys.executable, "-m", "forge_nb.server", str(folder.path)]  # as in ps
+            assert again.cwd() == str(tmp_path)
+            assert f"Umask:\t{0o027:04o}" in open(f"/proc/{again.pid}/status").read()
+            assert os.getsid(again.pid) == again.pid  # a session of its own: a kernel's restart does not reach it
+            assert f"session {second.name!r} up" in folder.log.read_text()  # its log, in its folder
+            assert second.step(1).iloc[-1].policy_version == 1
     finally:
         os.umask(mask)
     assert wait_gone([server.pid, again.pid], 10) == []
@@ -85,6 +97,19 @@ def test_a_zygote_whose_folder_goes_ends(own_runtime):
     pid = zygote.running(home)
     (home / zygote.SOCKET).unlink()  # (the runtime folder removed, as a test run's temp folder is at its end)
     assert wait_gone([pid], 10) == []
+
+
+def test_a_kernel_starts_a_zygote_and_a_script_only_uses_one(monkeypatch):
+    monkeypatch.delenv(zygote.ENV, raising=False)
+    monkeypatch.delitem(sys.modules, "ipykernel", raising=False)
+    assert zygote.wanted() and not zygote.may_start()  # a script's would outlive it, for no next session
+    monkeypatch.setitem(sys.modules, "ipykernel", types.ModuleType("ipykernel"))
+    assert zygote.may_start()
+    monkeypatch.setenv(zygote.ENV, "0")
+    assert not zygote.wanted() and not zygote.may_start()
+    monkeypatch.setenv(zygote.ENV, "1")
+    monkeypatch.delitem(sys.modules, "ipykernel")
+    assert zygote.may_start()
 
 
 def test_the_context_key_leaves_out_what_tools_set_per_process(monkeypatch):
