@@ -83,12 +83,13 @@ system-deps:
 	@command -v chromium >/dev/null && command -v slurmctld >/dev/null && command -v munged >/dev/null || \
 		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium slurm-wlm munge >/dev/null)
 
-# The whole suite in two pytest-xdist workers (TEST_WORKERS=0: serially, in file order): each test file is one group
-# on one worker (its module fixtures start once) and everything that starts the local Slurm one group ("slurm":
-# fixed ports); conftest.py assigns both at collection, longest group first (tests/durations.json). Two workers on
-# 2 cores: three are no faster, it is CPU-bound (docs/development.md).
+# The whole suite in three pytest-xdist workers (TEST_WORKERS=0: serially, in file order): each test file is one
+# group on one worker (its module fixtures start once) and everything that starts the local Slurm one group ("slurm":
+# fixed ports); conftest.py assigns both at collection, longest group first (tests/durations.json). Three workers on
+# 2 cores: two left the cores ~15 % idle (waits on Slurm, kernels, the browser) and took ~1 minute longer
+# (docs/development.md).
 # `make test PYTEST_ARGS=...` passes options on, e.g. PYTEST_ARGS="--random-order-seed=1234" for a random order.
-TEST_WORKERS ?= 2
+TEST_WORKERS ?= 3
 PYTEST_ARGS ?=
 test: lint system-deps $(LABEXT_BUILT) bytecode
 	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadgroup --durations=40 $(PYTEST_ARGS)
@@ -107,7 +108,7 @@ GPU_CHECK_ARGS ?=
 gpu-check:
 	PYTHONPATH=$(CURDIR) $(or $(wildcard $(BIN)/python),$(PYTHON)) -m forge_nb.tools.gpu_check $(GPU_CHECK_ARGS)
 
-# Every test file and tutorial alone, each in a fresh pytest process, two at a time: a test must not pass only
+# Every test file and tutorial alone, each in a fresh pytest process, TEST_WORKERS at a time: a test must not pass only
 # because another file or test ran before it. One row per file; exit 1 if any fails.
 test-each: system-deps $(LABEXT_BUILT) bytecode
 	$(BIN)/python tests/each_file.py --workers $(or $(filter-out 0,$(TEST_WORKERS)),1)

@@ -9,7 +9,7 @@ an xdist group, so a new test file needs no opt-in.
 
 - group: its own file (a module's fixtures, e.g. its one mesh, start once, on one worker; a notebook's
   cells run in order in one kernel), but every item that starts the test Slurm (fixed ports) shares
-  the group "slurm", so two clusters never run at once. `make test` runs `pytest -n 2 --dist loadgroup`;
+  the group "slurm", so two clusters never run at once. `make test` runs `pytest -n 3 --dist loadgroup`;
   pytest_xdist_make_scheduler below hands out whole groups (xdist's own loadgroup does not, see there).
 - markers: `tutorial` (a notebook cell under nbval), `slurm` (starts the test Slurm), `browser`
   (JupyterLab in Chromium), `mesh` (its file starts a local mesh), `netns` (namespace hosts); `make test-fast`
@@ -138,7 +138,7 @@ def pytest_collection_modifyitems(config, items):
 
 
 #: Seconds each test file took in a measured `make test` (`python tests/durations.py JUNIT_XML` writes it):
-#: groups run longest first, so two workers finish together. A file not in it counts DEFAULT_SECONDS.
+#: groups run longest first, so the workers finish together. A file not in it counts DEFAULT_SECONDS.
 DURATIONS = Path(__file__).parent / "tests" / "durations.json"
 DEFAULT_SECONDS = 10.0
 

@@ -220,8 +220,8 @@ def ps() -> pd.DataFrame:
 
 
 def down(names: list[str] | None = None) -> list[str]:
-    """End the named sessions (None: every one of this user's) and clear the folders of those gone -> what was
-    done, a line each."""
+    """End the named sessions (None: every one of this user's, and the zygotes that fork their servers) and clear
+    the folders of those gone -> what was done, a line each."""
     folders = sessions() if names is None else [SessionDir.named(n) for n in names]
     done = [_end(folder) for folder in folders]
     if names is None:  # every session: the zygotes that would fork the next ones go too

@@ -100,10 +100,13 @@ def spawn(folder: Path) -> int | None:
     why), and the caller starts one."""
     if not wanted():
         return None
-    home = _home(context_key())
+    starts = may_start()
+    home = _home(context_key(), make=starts)
+    if home is None:
+        return None  # none runs here, and this process starts none
     request = Spawn(str(folder), os.getcwd(), _umask(), dict(os.environ))
     try:
-        conn = _connect(home) or (_start_and_connect(home) if may_start() else None)
+        conn = _connect(home) or (_start_and_connect(home) if starts else None)
         if conn is None:
             return None
         with conn:
@@ -137,10 +140,13 @@ def per_process(name: str) -> bool:
     return name in PER_PROCESS_NAMES or name.startswith(PER_PROCESS)
 
 
-def _home(key: str) -> Path:
+def _home(key: str, make: bool = True) -> Path | None:
+    """The folder of the zygote of context `key` (made 0700 if `make`; None if it is not there and not `make`)."""
     from forge_nb.server.registry import private, runtime_dir
 
     home = runtime_dir() / f"{PREFIX}{key}"
+    if not make and not home.is_dir():
+        return None
     home.mkdir(mode=0o700, exist_ok=True)
     private(home)
     return home

@@ -99,10 +99,11 @@ def test_a_zygote_whose_folder_goes_ends(own_runtime):
     assert wait_gone([pid], 10) == []
 
 
-def test_a_kernel_starts_a_zygote_and_a_script_only_uses_one(monkeypatch):
+def test_a_kernel_starts_a_zygote_and_a_script_only_uses_one(own_runtime, monkeypatch):
     monkeypatch.delenv(zygote.ENV, raising=False)
     monkeypatch.delitem(sys.modules, "ipykernel", raising=False)
     assert zygote.wanted() and not zygote.may_start()  # a script's would outlive it, for no next session
+    assert zygote.spawn(runtime_dir() / "x") is None and not zygote.homes()  # (nor a folder for one)
     monkeypatch.setitem(sys.modules, "ipykernel", types.ModuleType("ipykernel"))
     assert zygote.may_start()
     monkeypatch.setenv(zygote.ENV, "0")
