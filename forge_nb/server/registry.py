@@ -55,15 +55,22 @@ def runtime_dir() -> Path:
 
 
 @contextmanager
-def claiming() -> Iterator[None]:
-    """One process at a time picks a free name and makes its folder (an flock on the runtime folder's `CLAIM`):
-    two scripts started together get two sessions, not one folder between them."""
-    fd = os.open(runtime_dir() / CLAIM, os.O_RDWR | os.O_CREAT, 0o600)
+def locked(path: Path) -> Iterator[None]:
+    """One process at a time in the block: an flock on `path` (made 0600 if missing)."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield
     finally:
         os.close(fd)  # (the lock goes with it)
+
+
+@contextmanager
+def claiming() -> Iterator[None]:
+    """One process at a time picks a free name and makes its folder (`locked` on the runtime folder's `CLAIM`):
+    two scripts started together get two sessions, not one folder between them."""
+    with locked(runtime_dir() / CLAIM):
+        yield
 
 
 def private(folder: Path) -> None:

@@ -34,7 +34,6 @@ process with ``FORGE_NB_ZYGOTE=1``; a script's `up` uses one that runs but leave
 from __future__ import annotations
 
 import ctypes
-import fcntl
 import hashlib
 import os
 import pickle
@@ -46,8 +45,7 @@ import subprocess
 import sys
 import time
 import traceback
-from collections.abc import Iterator
-from contextlib import contextmanager, suppress
+from contextlib import AbstractContextManager, suppress
 from dataclasses import dataclass
 from multiprocessing import AuthenticationError
 from multiprocessing.connection import Client, Connection
@@ -201,15 +199,11 @@ def _start_and_connect(home: Path) -> Connection | None:
     return _connect(home)
 
 
-@contextmanager
-def _locked(home: Path) -> Iterator[None]:
+def _locked(home: Path) -> AbstractContextManager[None]:
     """One process at a time starts or clears the zygote of `home`."""
-    fd = os.open(home / LOCK, os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)
+    from forge_nb.server.registry import locked
+
+    return locked(home / LOCK)
 
 
 def running(home: Path) -> int | None:
